@@ -1,0 +1,1 @@
+"""The ``llm-batch`` command line."""

@@ -1,0 +1,8 @@
+"""``llm-batch migrate``."""
+
+from __future__ import annotations
+
+
+def migrate_command() -> None:
+    """Apply the SQL migrations to the configured Postgres."""
+    raise NotImplementedError

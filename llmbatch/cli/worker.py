@@ -1,0 +1,7 @@
+"""``llm-batch worker cpu|gpu``."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)

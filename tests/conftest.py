@@ -1,0 +1,6 @@
+"""Fixtures live in tests/fixtures/, one module per real service they start."""
+
+pytest_plugins = [
+    "tests.fixtures.stack",
+    "tests.fixtures.model",
+]
