@@ -2,8 +2,388 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import secrets
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+
+from llmbatch import planning, storage
+from llmbatch.client import TemporalUnavailable, connect, start_job
+from llmbatch.config import Settings
+from llmbatch.contracts import ChatMessage, InputFormat, JobSpec, OutputFormat
+from llmbatch.pipeline import PROGRESS_QUERY, JobProgress, JobSummary
+
+out = Console()
+err = Console(stderr=True)
+
+
+class CliError(Exception):
+    """Printed as one line on stderr, exit code 1."""
+
+
+def emit_json(data: Any) -> None:
+    """Machine output: plain JSON on stdout, whatever the terminal."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+def run(coro: Any) -> Any:
+    """Run a command's coroutine; turn known failures into one clear line."""
+    try:
+        return asyncio.run(coro)
+    except (CliError, TemporalUnavailable, planning.InvalidJobSpec) as exc:
+        raise fail(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:
     """Add the job commands to the top-level app."""
+    app.command("submit")(submit)
+    app.command("status")(status)
+    app.command("results")(results)
+    app.command("schema")(schema)
+
+
+# --- submit -------------------------------------------------------------------------
+
+
+def submit(
+    inputs: Annotated[list[str], typer.Option("--input", "-i", help="Input URI or path; repeat.")],
+    model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")],
+    output: Annotated[
+        str | None, typer.Option(help="Output URI; default s3://<bucket>/results.")
+    ] = None,
+    job_id: Annotated[str | None, typer.Option(help="Job id; default a new one.")] = None,
+    messages_file: Annotated[
+        Path | None, typer.Option("--messages", help="JSON file: [{role, content}, ...].")
+    ] = None,
+    system: Annotated[str | None, typer.Option(help="System message template.")] = None,
+    user: Annotated[
+        str | None, typer.Option(help="User message template, e.g. '{{ text }}'.")
+    ] = None,
+    input_format: Annotated[InputFormat | None, typer.Option("--format")] = None,
+    id_field: Annotated[str | None, typer.Option(help="Row field with the item id.")] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    top_p: Annotated[float | None, typer.Option()] = None,
+    max_tokens: Annotated[int | None, typer.Option()] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeat.")] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    choices: Annotated[str | None, typer.Option(help="Comma-separated allowed answers.")] = None,
+    json_schema: Annotated[
+        Path | None, typer.Option(help="JSON Schema file the output must match.")
+    ] = None,
+    regex: Annotated[str | None, typer.Option(help="Regex the output must match.")] = None,
+    output_format: Annotated[OutputFormat, typer.Option()] = OutputFormat.JSONL,
+    shard_size: Annotated[int | None, typer.Option(help="Rows per shard.")] = None,
+    max_concurrent_shards: Annotated[int | None, typer.Option()] = None,
+    spec_file: Annotated[
+        Path | None, typer.Option("--spec", help="A whole JobSpec as JSON; options override it.")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option(help="Wait, showing progress, then print the summary.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Submit a batch job (validated before anything is scheduled)."""
+    settings = Settings()
+    values: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
+    values["inputs"] = inputs
+    values["model"] = model
+    values["job_id"] = job_id or values.get("job_id") or _new_job_id()
+    values.setdefault("output_uri", output or f"s3://{settings.s3_bucket}/results")
+    if output:
+        values["output_uri"] = output
+    messages = _messages(messages_file, system, user)
+    if messages is not None:
+        values["messages"] = messages
+    for key, value in (
+        ("input_format", input_format),
+        ("id_field", id_field),
+        ("shard_size", shard_size),
+        ("max_concurrent_shards", max_concurrent_shards),
+    ):
+        if value is not None:
+            values[key] = value
+    values["output_format"] = output_format
+    sampling = dict(values.get("sampling") or {})
+    for key, value in (
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("max_tokens", max_tokens),
+        ("stop", stop or None),
+        ("seed", seed),
+        ("regex", regex),
+    ):
+        if value is not None:
+            sampling[key] = value
+    if choices is not None:
+        sampling["choice"] = [c.strip() for c in choices.split(",") if c.strip()]
+    if json_schema is not None:
+        sampling["json_schema"] = json.loads(json_schema.read_text())
+    values["sampling"] = sampling
+    try:
+        spec = JobSpec.model_validate(values)
+    except ValidationError as exc:
+        raise fail(_validation_message(exc)) from None
+    run(_submit(spec, settings, wait=wait, as_json=as_json))
+
+
+def _messages(
+    path: Path | None, system: str | None, user: str | None
+) -> list[dict[str, str]] | None:
+    if path is not None:
+        if system or user:
+            raise fail("give either --messages or --system/--user, not both")
+        try:
+            loaded = json.loads(path.read_text())
+            return [ChatMessage.model_validate(m).model_dump() for m in loaded]
+        except (OSError, ValueError) as exc:
+            raise fail(f"cannot read messages from {path}: {exc}") from None
+    messages = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    if user:
+        messages.append({"role": "user", "content": user})
+    return messages or None
+
+
+def _new_job_id() -> str:
+    return f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+def _validation_message(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "spec"
+        problems.append(f"{where}: {error['msg']}")
+    return "invalid job: " + "; ".join(problems)
+
+
+async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool) -> None:
+    stores: dict[str, storage.ObjectStore] = {}
+
+    def store_for(uri: str) -> storage.ObjectStore:
+        scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+        if scheme not in stores:
+            stores[scheme] = storage.open_store(uri, settings)
+        return stores[scheme]
+
+    # The same check the plan_job activity runs, here for an answer before scheduling.
+    await asyncio.to_thread(planning.inspect_inputs, spec, store_for)
+    client = await connect(settings)
+    handle, started = await start_job(client, spec, settings=settings)
+    if as_json and not wait:
+        emit_json({"job_id": spec.job_id, "started": started, "run_id": handle.run_id})
+        return
+    if not as_json:
+        verb = "submitted" if started else "already exists, following"
+        out.print(f"job [bold]{spec.job_id}[/bold] {verb}")
+        out.print(f"  web ui: {_job_url(settings, spec.job_id)}")
+    if wait:
+        summary = await _follow(client, handle, quiet=as_json)
+        _print_summary(summary, as_json=as_json)
+
+
+def _job_url(settings: Settings, job_id: str) -> str:
+    return f"{settings.web_ui_url}/namespaces/{settings.temporal_namespace}/workflows/{job_id}"
+
+
+async def _follow(
+    client: Client, handle: WorkflowHandle[Any, JobSummary], *, quiet: bool
+) -> JobSummary:
+    """Show progress until the job ends; return its summary."""
+    result = asyncio.ensure_future(handle.result())
+    started = time.monotonic()
+    tty = sys.stderr.isatty() and not quiet
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "{task.fields[rate]:.1f} items/s  {task.fields[tokens]:.0f} tok/s  "
+            "dead {task.fields[dead]}"
+        ),
+        TimeRemainingColumn(),
+        console=err,
+        disable=not tty,
+    ) as bar:
+        task = bar.add_task("planning", total=None, rate=0.0, tokens=0.0, dead=0)
+        last_line = 0.0
+        while not result.done():
+            await asyncio.wait([result], timeout=1.0)
+            try:
+                p: JobProgress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+            except RPCError:
+                continue
+            elapsed = max(time.monotonic() - started, 1e-6)
+            rate = p.items_done / elapsed
+            toks = (p.tokens.prompt + p.tokens.completion) / elapsed
+            bar.update(
+                task,
+                description=p.state,
+                total=p.items_total or None,
+                completed=p.items_done,
+                rate=rate,
+                tokens=toks,
+                dead=p.items_dead,
+            )
+            if not tty and not quiet and time.monotonic() - last_line >= 10:
+                last_line = time.monotonic()
+                err.print(
+                    f"{p.state}: {p.items_done}/{p.items_total} items "
+                    f"({p.items_dead} dead), {rate:.1f} items/s"
+                )
+    try:
+        return result.result()
+    except Exception as exc:
+        raise CliError(f"job {handle.id} failed: {_failure_message(exc)}") from exc
+
+
+def _failure_message(exc: BaseException) -> str:
+    cause: BaseException | None = exc
+    message = str(exc)
+    while cause is not None:
+        message = str(cause) or message
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    return message
+
+
+def _print_summary(summary: JobSummary, *, as_json: bool) -> None:
+    if as_json:
+        emit_json(summary.model_dump(mode="json"))
+        return
+    rate = summary.items_done / summary.elapsed_s if summary.elapsed_s else 0.0
+    out.print(f"[bold]{summary.job_id}[/bold]: {summary.state}")
+    out.print(
+        f"  items: {summary.items_total} total, {summary.items_succeeded} succeeded, "
+        f"{summary.items_dead} dead"
+    )
+    out.print(f"  tokens: {summary.tokens.prompt} prompt, {summary.tokens.completion} completion")
+    out.print(f"  time: {summary.elapsed_s:.1f} s ({rate:.1f} items/s)")
+    out.print(f"  output: {summary.output_root}/")
+    out.print(f"  manifest: {summary.manifest}")
+
+
+# --- status / results ---------------------------------------------------------------
+
+
+def status(
+    job_id: Annotated[str, typer.Argument()],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show a job's state, counts, tokens and throughput."""
+    run(_status(Settings(), job_id, as_json=as_json))
+
+
+async def _describe(settings: Settings, job_id: str) -> tuple[str, JobProgress | JobSummary]:
+    client = await connect(settings)
+    handle = client.get_workflow_handle(job_id, result_type=JobSummary)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise CliError(
+                f"no job {job_id!r} in namespace {settings.temporal_namespace}"
+            ) from None
+        raise
+    state = description.status.name.lower() if description.status else "unknown"
+    if description.status == WorkflowExecutionStatus.COMPLETED:
+        return state, await handle.result()
+    if description.status == WorkflowExecutionStatus.RUNNING:
+        return state, await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+    return state, JobProgress(job_id=job_id, model="", state=state)
+
+
+async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
+    workflow_state, p = await _describe(settings, job_id)
+    elapsed = _elapsed(p)
+    rate = p.items_done / elapsed if elapsed else 0.0
+    if as_json:
+        data = p.model_dump(mode="json")
+        data.update(workflow_status=workflow_state, items_per_s=rate)
+        emit_json(data)
+        return
+    out.print(f"[bold]{job_id}[/bold]: {p.state} (workflow {workflow_state})")
+    out.print(f"  model: {p.model}")
+    out.print(f"  shards: {p.shards_done}/{p.shards_total} done, running {p.shards_running}")
+    out.print(
+        f"  items: {p.items_done}/{p.items_total} done "
+        f"({p.items_succeeded} succeeded, {p.items_dead} dead)"
+    )
+    out.print(f"  tokens: {p.tokens.prompt} prompt, {p.tokens.completion} completion")
+    out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
+    out.print(f"  web ui: {_job_url(settings, job_id)}")
+
+
+def _elapsed(p: JobProgress | JobSummary) -> float:
+    if isinstance(p, JobSummary) and p.elapsed_s:
+        return p.elapsed_s
+    if p.started_at is None:
+        return 0.0
+    return (datetime.now(UTC) - datetime.fromisoformat(p.started_at)).total_seconds()
+
+
+def results(
+    job_id: Annotated[str, typer.Argument()],
+    rows: Annotated[int, typer.Option("--rows", "-n", help="How many rows to show.")] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Say where a finished job's output is and show its first rows."""
+    run(_results(Settings(), job_id, rows=rows, as_json=as_json))
+
+
+async def _results(settings: Settings, job_id: str, *, rows: int, as_json: bool) -> None:
+    state, p = await _describe(settings, job_id)
+    if not isinstance(p, JobSummary):
+        raise CliError(f"job {job_id} has no results yet (workflow {state})")
+    store = storage.open_store(p.manifest, settings)
+    manifest = json.loads(await asyncio.to_thread(store.read_bytes, p.manifest))
+    first = await asyncio.to_thread(_first_rows, store, manifest["output_parts"], rows)
+    if as_json:
+        emit_json({"manifest": p.manifest, **manifest, "rows": first})
+        return
+    out.print(f"[bold]{job_id}[/bold]: {p.state}; output under {p.output_root}/")
+    for part in manifest["output_parts"]:
+        out.print(f"  {part}")
+    for part in manifest["error_parts"]:
+        out.print(f"  {part} (errors)")
+    out.print(f"first {len(first)} rows:")
+    for row in first:
+        out.print_json(data=row)
+
+
+def _first_rows(store: storage.ObjectStore, parts: list[str], limit: int) -> list[dict[str, Any]]:
+    from llmbatch import formats
+
+    found: list[dict[str, Any]] = []
+    for part in parts:
+        if len(found) >= limit:
+            break
+        data = store.read_bytes(part)
+        reader = (
+            formats.read_parquet_bytes if part.endswith(".parquet") else formats.read_jsonl_bytes
+        )
+        found.extend(list(reader(data))[: limit - len(found)])
+    return found
+
+
+# --- schema -------------------------------------------------------------------------
+
+
+def schema() -> None:
+    """Print the JSON Schema of JobSpec, for services that start jobs in other languages."""
+    emit_json(JobSpec.model_json_schema())

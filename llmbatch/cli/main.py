@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from llmbatch.cli import dev, jobs, migrate, worker
+from llmbatch.cli import demo, dev, jobs, migrate, worker
 
 app = typer.Typer(
     name="llm-batch",
@@ -12,9 +12,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(dev.app, name="dev", help="The embedded stack: Temporal, Postgres, S3 on this machine.")
+app.add_typer(
+    dev.app, name="dev", help="The embedded stack: Temporal, Postgres, S3 on this machine."
+)
 app.add_typer(worker.app, name="worker", help="Run a CPU or GPU worker.")
 app.command("migrate")(migrate.migrate_command)
+app.command("demo")(demo.demo)
 jobs.register(app)
 
 

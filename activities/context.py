@@ -1,0 +1,40 @@
+"""What every activity needs at hand: settings, the ledger pool, object storage.
+
+Workers build one ActivityContext at start and share it between activities, so
+connections are opened once per process, not once per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from llmbatch import storage
+from llmbatch.config import Settings
+
+
+@dataclass
+class ActivityContext:
+    settings: Settings
+    pool: asyncpg.Pool
+    _stores: dict[str, storage.ObjectStore] = field(default_factory=dict)
+
+    def store(self, uri: str) -> storage.ObjectStore:
+        """The store for ``uri``'s scheme, created once (boto3 clients are costly)."""
+        scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+        if scheme not in self._stores:
+            self._stores[scheme] = storage.open_store(uri, self.settings)
+        return self._stores[scheme]
+
+    # boto3 and file I/O block: run them off the event loop that also drives the
+    # Temporal worker and, on GPU workers, the engine.
+
+    async def read(self, uri: str) -> bytes:
+        store = self.store(uri)
+        return await asyncio.to_thread(store.read_bytes, uri)
+
+    async def write(self, uri: str, data: bytes) -> None:
+        store = self.store(uri)
+        await asyncio.to_thread(store.put_bytes, uri, data)

@@ -1,0 +1,89 @@
+"""fetch_shard: read one shard's rows from the input and stage them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import activity
+
+from activities.context import ActivityContext
+from llmbatch import formats
+from llmbatch.contracts import InputFormat
+from llmbatch.pipeline import FETCH_SHARD, FetchResult, ShardInput
+from llmbatch.records import StagedRow, dump_jsonl
+
+
+class FetchActivities:
+    def __init__(self, ctx: ActivityContext) -> None:
+        self._ctx = ctx
+
+    @activity.defn(name=FETCH_SHARD)
+    async def fetch_shard(self, input: ShardInput) -> FetchResult:
+        """Read the shard's row range and stage the rows with their item ids."""
+        layout = input.layout
+        plan = formats.ShardPlan.model_validate_json(
+            await self._ctx.read(layout.shard_plan(input.shard))
+        )
+        store = self._ctx.store(plan.uri)
+        rows = await asyncio.to_thread(
+            _read_rows,
+            store,
+            plan,
+            layout.input_format,
+            id_field=input.spec.id_field,
+            max_row_bytes=input.spec.max_row_bytes,
+        )
+        await self._ctx.write(layout.shard_rows(input.shard), dump_jsonl(rows))
+        return FetchResult(rows=len(rows), invalid=sum(r.fields is None for r in rows))
+
+
+def _read_rows(
+    store: object,
+    plan: formats.ShardPlan,
+    fmt: InputFormat,
+    *,
+    id_field: str | None,
+    max_row_bytes: int,
+) -> list[StagedRow]:
+    if id_field is None and fmt is InputFormat.OPENAI:
+        id_field = "custom_id"
+    staged: list[StagedRow] = []
+    seen: set[str] = set()
+    for row in formats.read_shard(store, plan, fmt, max_row_bytes=max_row_bytes):  # type: ignore[arg-type]
+        fallback_id = f"row-{row.ordinal}"
+        if row.fields is None:
+            staged.append(
+                StagedRow(
+                    item_id=fallback_id,
+                    ordinal=row.ordinal,
+                    source=row.source,
+                    error_class=row.error_class or "InvalidRow",
+                    error=row.error,
+                )
+            )
+            continue
+        item_id, error = fallback_id, None
+        if id_field is not None:
+            value = row.fields.get(id_field)
+            if value is None or value == "":
+                error = f"id field {id_field!r} is missing or empty"
+            else:
+                item_id = str(value)
+        if error is None and item_id in seen:
+            # Only the first row with an id runs; the copy is dead-lettered, not dropped.
+            error, item_id = (
+                f"item id {item_id!r} repeats an earlier row",
+                f"{item_id}#{fallback_id}",
+            )
+        seen.add(item_id)
+        staged.append(
+            StagedRow(
+                item_id=item_id,
+                ordinal=row.ordinal,
+                source=row.source,
+                fields=row.fields,
+                error_class=None if error is None else "InvalidItemId",
+                error=error,
+            )
+        )
+    return staged

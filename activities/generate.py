@@ -1,0 +1,193 @@
+"""generate: run a shard's requests through the worker's vLLM engine.
+
+Runs on the GPU queue. Results go to the ledger in batches, fenced by this
+attempt's lease, so a retried attempt picks up exactly what is not done yet and a
+stale attempt (one that outlived its heartbeat timeout) cannot overwrite it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.context import ActivityContext
+from llmbatch import ledger
+from llmbatch.engine import Engine, EngineDeadError, GenerationRequest, GenerationResult
+from llmbatch.pipeline import GENERATE, GenerateProgress, GenerateResult, ShardInput, TokenCounts
+from llmbatch.records import StagedRequest, load_jsonl
+
+log = logging.getLogger(__name__)
+
+FLUSH_EVERY_ITEMS = 256
+FLUSH_EVERY_SECONDS = 1.0
+HEARTBEAT_EVERY_SECONDS = 5.0
+
+
+class GenerateActivities:
+    def __init__(
+        self,
+        ctx: ActivityContext,
+        engine: Engine,
+        *,
+        max_in_flight: int,
+        on_engine_dead: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._engine = engine
+        self._max_in_flight = max_in_flight
+        self._on_engine_dead = on_engine_dead
+
+    @activity.defn(name=GENERATE)
+    async def generate(self, input: ShardInput) -> GenerateResult:
+        """Generate every request of the shard that the ledger does not have yet."""
+        info = activity.info()
+        lease = f"{info.workflow_id}/{info.activity_id}#{info.attempt}"
+        progress = (
+            GenerateProgress.model_validate(info.heartbeat_details[0])
+            if info.heartbeat_details
+            else GenerateProgress()
+        )
+        job_id, spec = input.spec.job_id, input.spec
+        staged = await self._ctx.read(input.layout.shard_requests(input.shard))
+        requests = {r.item_id: r for r in load_jsonl(staged, StagedRequest)}
+        claimed = await ledger.claim_items(
+            self._ctx.pool, job_id=job_id, item_ids=list(requests), lease_owner=lease
+        )
+        todo = [r for r in requests.values() if r.item_id in claimed]
+        recorder = _Recorder(self._ctx, input, lease, progress, requests)
+
+        def engine_requests() -> Iterator[GenerationRequest]:
+            for r in todo:
+                yield GenerationRequest(
+                    request_id=f"{lease}:{r.item_id}",
+                    item_id=r.item_id,
+                    messages=r.messages,
+                    sampling=r.sampling or spec.sampling,
+                )
+
+        heartbeat = asyncio.create_task(_heartbeat_loop(progress))
+        try:
+            results = self._engine.generate_many(
+                engine_requests(), max_in_flight=self._max_in_flight
+            )
+            async with contextlib.aclosing(results):
+                async for result in results:
+                    recorder.add(result)
+                    if recorder.due():
+                        await recorder.flush()
+            await recorder.flush()
+        except EngineDeadError as exc:
+            if self._on_engine_dead is not None:
+                self._on_engine_dead(exc)
+            raise
+        finally:
+            heartbeat.cancel()
+        activity.heartbeat(progress.model_dump())
+        return GenerateResult(
+            generated=recorder.succeeded,
+            dead=recorder.dead,
+            skipped=len(requests) - len(todo),
+            tokens=recorder.tokens,
+        )
+
+
+async def _heartbeat_loop(progress: GenerateProgress) -> None:
+    # Heartbeats carry cancellation to us and tell Temporal we are alive even while
+    # the engine is busy with long generations.
+    while True:
+        activity.heartbeat(progress.model_dump())
+        await asyncio.sleep(HEARTBEAT_EVERY_SECONDS)
+
+
+class _Recorder:
+    """Buffers engine results and writes them to the ledger in batches."""
+
+    def __init__(
+        self,
+        ctx: ActivityContext,
+        input: ShardInput,
+        lease: str,
+        progress: GenerateProgress,
+        requests: dict[str, StagedRequest],
+    ) -> None:
+        self._ctx, self._input, self._lease = ctx, input, lease
+        self._progress, self._requests = progress, requests
+        self._results: list[ledger.ItemResult] = []
+        self._dead: list[ledger.DeadItem] = []
+        self._last_flush = time.monotonic()
+        self.succeeded = 0
+        self.dead = 0
+        self.tokens = TokenCounts()
+
+    def add(self, result: GenerationResult) -> None:
+        item_id = result.request_id.rsplit(":", 1)[1] if result.item_id is None else result.item_id
+        if result.error_class is not None:
+            self._dead.append(
+                ledger.DeadItem(
+                    item_id=item_id,
+                    shard=self._input.shard,
+                    error_class=result.error_class,
+                    error_message=result.error_message or "",
+                    source=self._requests[item_id].source,
+                )
+            )
+            return
+        self._results.append(
+            ledger.ItemResult(
+                item_id=item_id,
+                result={
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "parsed": result.parsed,
+                },
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+                latency_ms=result.latency_ms,
+            )
+        )
+
+    def due(self) -> bool:
+        pending = len(self._results) + len(self._dead)
+        return pending >= FLUSH_EVERY_ITEMS or (
+            pending > 0 and time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS
+        )
+
+    async def flush(self) -> None:
+        results, self._results = self._results, []
+        dead, self._dead = self._dead, []
+        self._last_flush = time.monotonic()
+        job_id, pool = self._input.spec.job_id, self._ctx.pool
+        if results:
+            written = await ledger.record_results(
+                pool, job_id=job_id, lease_owner=self._lease, results=results
+            )
+            if written < len(results):
+                raise _superseded(self._lease)
+            self.succeeded += written
+            self.tokens = self.tokens + TokenCounts(
+                prompt=sum(r.prompt_tokens for r in results),
+                completion=sum(r.completion_tokens for r in results),
+            )
+        if dead:
+            written = await ledger.record_dead(
+                pool, job_id=job_id, lease_owner=self._lease, items=dead
+            )
+            if written < len(dead):
+                raise _superseded(self._lease)
+            self.dead += written
+        self._progress.recorded = self.succeeded
+        self._progress.dead = self.dead
+
+
+def _superseded(lease: str) -> ApplicationError:
+    # A newer attempt holds these items: this one is a zombie and must stop writing.
+    log.warning("attempt %s was superseded by a newer one; stopping", lease)
+    return ApplicationError(
+        f"attempt {lease} was superseded by a newer attempt", type="Superseded", non_retryable=True
+    )

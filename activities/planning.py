@@ -1,0 +1,109 @@
+"""plan_job and finalize_job: the first and last steps of a job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.context import ActivityContext
+from llmbatch import ledger, planning
+from llmbatch.contracts import JobSpec
+from llmbatch.pipeline import (
+    FINALIZE_JOB,
+    PLAN_JOB,
+    FinalizeInput,
+    JobLayout,
+    JobSummary,
+    PlanResult,
+)
+
+
+class PlanningActivities:
+    def __init__(self, ctx: ActivityContext) -> None:
+        self._ctx = ctx
+
+    @activity.defn(name=PLAN_JOB)
+    async def plan_job(self, spec: JobSpec) -> PlanResult:
+        """Check the job, split its inputs into shards and stage one plan per shard.
+
+        Plans go to storage, not into the result: a job of a million rows has
+        thousands of shards, far more than a Temporal payload may carry.
+        """
+        try:
+            info = await asyncio.to_thread(planning.inspect_inputs, spec, self._ctx.store)
+            shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
+        except planning.InvalidJobSpec as exc:
+            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
+        layout = JobLayout(
+            job_id=spec.job_id,
+            output_root=f"{spec.output_uri.rstrip('/')}/{spec.job_id}",
+            input_format=info.input_format,
+        )
+        for shard in shards:
+            await self._ctx.write(layout.shard_plan(shard.index), shard.model_dump_json().encode())
+            activity.heartbeat(shard.index)
+        await ledger.upsert_job(
+            self._ctx.pool,
+            job_id=spec.job_id,
+            spec=spec.model_dump(mode="json"),
+            model=spec.model,
+            output_uri=layout.output_root,
+        )
+        return PlanResult(
+            layout=layout,
+            shard_count=len(shards),
+            items_total=sum(s.row_count for s in shards),
+            gpu_task_queue=self._ctx.settings.gpu_task_queue(spec.model),
+        )
+
+    @activity.defn(name=FINALIZE_JOB)
+    async def finalize_job(self, input: FinalizeInput) -> JobSummary:
+        """Write the manifest next to the output, record the outcome, drop staging."""
+        summary = input.summary.model_copy()
+        layout = input.layout
+        if summary.started_at and summary.finished_at:
+            started = datetime.fromisoformat(summary.started_at)
+            summary.elapsed_s = (
+                datetime.fromisoformat(summary.finished_at) - started
+            ).total_seconds()
+        summary.manifest = layout.manifest
+        store = self._ctx.store(layout.output_root)
+        objects = await asyncio.to_thread(store.list, f"{layout.output_root}/")
+        parts = sorted(o.uri for o in objects if "/part-" in o.uri and "/_staging/" not in o.uri)
+        manifest = {
+            "job_id": summary.job_id,
+            "model": summary.model,
+            "state": summary.state,
+            "items": {
+                "total": summary.items_total,
+                "succeeded": summary.items_succeeded,
+                "dead": summary.items_dead,
+            },
+            "tokens": summary.tokens.model_dump(),
+            "shards": summary.shards_total,
+            "failed_shards": summary.failed_shards,
+            "input_format": layout.input_format.value,
+            "output_parts": [p for p in parts if "/errors/" not in p],
+            "error_parts": [p for p in parts if "/errors/" in p],
+            "started_at": summary.started_at,
+            "finished_at": summary.finished_at,
+            "elapsed_s": summary.elapsed_s,
+            "spec": input.spec.model_dump(mode="json"),
+        }
+        await self._ctx.write(layout.manifest, json.dumps(manifest, indent=2).encode())
+        await ledger.finish_job(
+            self._ctx.pool,
+            job_id=summary.job_id,
+            status=summary.state,
+            items_total=summary.items_total,
+            items_succeeded=summary.items_succeeded,
+            items_dead=summary.items_dead,
+            prompt_tokens=summary.tokens.prompt,
+            completion_tokens=summary.tokens.completion,
+        )
+        await asyncio.to_thread(store.delete_prefix, layout.staging + "/")
+        return summary

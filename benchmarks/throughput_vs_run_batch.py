@@ -1,0 +1,150 @@
+"""llm-batch against ``vllm run-batch`` on the same OpenAI batch file, model and machine.
+
+Runs the peer (``python -m vllm.entrypoints.openai.run_batch``) and llm-batch on the
+embedded stack with the same engine options, alternating, ``--repeats`` times each,
+and prints items/s for both (engine load excluded and included) and the ratio of
+medians. Engine load is measured the same way for both: run-batch on a one-request
+file for the peer, start-to-polling of the GPU worker for llm-batch.
+
+    .venv/bin/python benchmarks/throughput_vs_run_batch.py --requests 5000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from llmbatch import storage
+from llmbatch.client import connect, start_job
+from llmbatch.config import Settings
+from llmbatch.contracts import JobSpec
+from llmbatch.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack import DevStack
+from llmbatch.tiny_model import build_tiny_model
+
+ENGINE_ARGS = [
+    "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
+]  # fmt: skip
+TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
+
+
+def batch_lines(n: int, *, model: str, max_tokens: int) -> bytes:
+    lines = []
+    for i in range(n):
+        body = {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": "You are brief."},
+                {"role": "user", "content": f"Write about {TOPICS[i % len(TOPICS)]} ({i})."},
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
+        line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        lines.append(json.dumps(line))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def run_batch(model: str, src: Path, dst: Path) -> float:
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
+         "--model", model, *ENGINE_ARGS],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    with dst.open() as f:
+        ok = sum(1 for line in f if json.loads(line).get("error") is None)
+    print(f"  run-batch: {elapsed:.1f} s, {ok} ok", flush=True)
+    return elapsed
+
+
+async def llm_batch(
+    settings: Settings, model: str, data_uri: str, n: int, log_dir: Path
+) -> tuple[float, float]:
+    client = await connect(settings)
+    gpu_args = list(ENGINE_ARGS)
+    started = time.monotonic()
+    with worker_processes(settings, model, log_dir=log_dir, gpu_args=gpu_args) as procs:
+        await wait_for_pollers(
+            client,
+            [settings.cpu_task_queue, settings.gpu_task_queue(model)],
+            procs=procs,
+            within_s=600,
+        )
+        load = time.monotonic() - started
+        spec = JobSpec(
+            job_id=f"bench-{uuid.uuid4().hex[:8]}",
+            inputs=[data_uri],
+            model=model,
+            output_uri=f"s3://{settings.s3_bucket}/bench-out",
+            shard_size=1000,
+            max_concurrent_shards=4,
+        )
+        job_started = time.monotonic()
+        handle, _ = await start_job(client, spec, settings=settings)
+        summary = await handle.result()
+        elapsed = time.monotonic() - job_started
+    assert summary.items_succeeded == n, summary
+    print(
+        f"  llm-batch: {elapsed:.1f} s job + {load:.1f} s worker start, "
+        f"{summary.items_succeeded} ok",
+        flush=True,
+    )
+    return elapsed, load
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", help="model path; default the tiny local model")
+    args = parser.parse_args()
+
+    settings = Settings()
+    DevStack(settings).up()
+    work = Path(tempfile.mkdtemp(prefix="llmbatch-bench-"))
+    model = args.model or str(
+        build_tiny_model(settings.state_dir.resolve() / "models" / "tiny-llama")
+    )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    src, one = work / "batch.jsonl", work / "one.jsonl"
+    src.write_bytes(batch_lines(args.requests, model=model, max_tokens=args.max_tokens))
+    one.write_bytes(batch_lines(1, model=model, max_tokens=args.max_tokens))
+    data_uri = f"s3://{settings.s3_bucket}/bench/batch-{args.requests}.jsonl"
+    storage.open_store(data_uri, settings).put_file(data_uri, src)
+
+    peer_total, peer_load, ours_job, ours_load = [], [], [], []
+    for round_ in range(args.repeats):
+        print(f"round {round_ + 1}/{args.repeats}", flush=True)
+        peer_load.append(run_batch(model, one, work / "one.out.jsonl"))
+        peer_total.append(run_batch(model, src, work / "out.jsonl"))
+        job, load = asyncio.run(llm_batch(settings, model, data_uri, args.requests, work / "logs"))
+        ours_job.append(job)
+        ours_load.append(load)
+
+    n = args.requests
+    med = statistics.median
+    peer_excl = n / max(med(peer_total) - med(peer_load), 1e-9)
+    peer_incl = n / med(peer_total)
+    ours_excl = n / med(ours_job)
+    ours_incl = n / (med(ours_job) + med(ours_load))
+    print(f"\n{n} requests, {args.max_tokens} max tokens, {args.repeats} rounds, medians:")
+    print(f"  run-batch  excl. load {peer_excl:8.1f} items/s   incl. load {peer_incl:8.1f} items/s")
+    print(f"  llm-batch  excl. load {ours_excl:8.1f} items/s   incl. load {ours_incl:8.1f} items/s")
+    print(f"  ratio llm-batch / run-batch: excl. load {ours_excl / peer_excl:.2f}x, "
+          f"incl. load {ours_incl / peer_incl:.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

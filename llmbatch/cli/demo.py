@@ -1,0 +1,92 @@
+"""``llm-batch demo``: the README's first command, a real job end to end."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmbatch.cli.jobs import _follow, _print_summary, _results, fail, out
+from llmbatch.config import Settings
+
+TINY_MODEL_NOTE = (
+    "[yellow]No --model given: using a tiny model with random weights, built on this "
+    "machine. Its answers are random (but always one of the industries, by the choice "
+    "constraint).[/yellow] Name a real one with --model, e.g. "
+    "--model Qwen/Qwen2.5-0.5B-Instruct (needs the weights: a download or a local path)."
+)
+
+
+def demo(
+    model: Annotated[
+        str | None, typer.Option(help="Model id or path; default a tiny local model.")
+    ] = None,
+    rows: Annotated[int, typer.Option(help="Rows in the generated customers CSV.")] = 3000,
+    shard_size: Annotated[int, typer.Option()] = 500,
+) -> None:
+    """Start the embedded stack and workers, classify a customers CSV, print the results."""
+    from llmbatch.devstack import DevStack, DevStackError
+
+    settings = Settings()
+    try:
+        status = DevStack(settings).up()
+    except DevStackError as exc:
+        raise fail(str(exc)) from None
+    out.print(status.describe() if hasattr(status, "describe") else status)
+    if model is None:
+        from llmbatch.tiny_model import build_tiny_model
+
+        model = str(build_tiny_model(settings.state_dir.resolve() / "models" / "tiny-llama"))
+        out.print(TINY_MODEL_NOTE)
+    try:
+        asyncio.run(_run_demo(settings, model, rows=rows, shard_size=shard_size))
+    except Exception as exc:  # one line, and where to look
+        raise fail(f"demo failed: {exc} (worker logs in {settings.state_dir / 'logs'})") from None
+    out.print("The stack is still up for you to look around; stop it with: llm-batch dev down")
+
+
+async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: int) -> None:
+    from llmbatch import demo as d
+    from llmbatch import storage
+    from llmbatch.client import connect, start_job
+    from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+
+    data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
+    store = storage.open_store(data_uri, settings)
+    await asyncio.to_thread(store.put_bytes, data_uri, d.customers_csv(rows))
+    out.print(f"uploaded {rows} customers to {data_uri}")
+
+    client = await connect(settings)
+    log_dir = Path(settings.state_dir) / "logs"
+    gpu_args = ["--max-model-len", "512"]
+    with d.worker_processes(settings, model, log_dir=log_dir, gpu_args=gpu_args) as procs:
+        out.print("starting workers (the GPU worker loads the model once)...")
+        await d.wait_for_pollers(
+            client,
+            [settings.cpu_task_queue, settings.gpu_task_queue(model)],
+            procs=procs,
+            within_s=600,
+        )
+        spec = JobSpec(
+            job_id=f"demo-customers-{rows}",
+            inputs=[data_uri],
+            messages=[
+                ChatMessage(role="system", content=d.SYSTEM_PROMPT),
+                ChatMessage(role="user", content=d.USER_PROMPT),
+            ],
+            model=model,
+            id_field="Customer Id",
+            sampling=SamplingSpec(choice=d.INDUSTRIES, max_tokens=8),
+            shard_size=shard_size,
+            output_uri=f"s3://{settings.s3_bucket}/results",
+        )
+        handle, started = await start_job(client, spec, settings=settings)
+        out.print(
+            f"job {spec.job_id} {'started' if started else 'exists already; following it'}: "
+            f"{settings.web_ui_url}/namespaces/{settings.temporal_namespace}/workflows/{spec.job_id}"
+        )
+        summary = await _follow(client, handle, quiet=False)
+    _print_summary(summary, as_json=False)
+    await _results(settings, spec.job_id, rows=3, as_json=False)

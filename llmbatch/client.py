@@ -1,0 +1,68 @@
+"""Connecting to Temporal and starting jobs: shared by the CLI, the demo and tests."""
+
+from __future__ import annotations
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import (
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from llmbatch import search_attributes as sa
+from llmbatch.config import Settings
+from llmbatch.contracts import JobSpec
+from llmbatch.pipeline import BATCH_JOB_WORKFLOW, BatchJobInput, JobSummary
+
+
+class TemporalUnavailable(RuntimeError):
+    """Temporal cannot be reached at the configured address."""
+
+
+async def connect(settings: Settings) -> Client:
+    """A client on the configured namespace, speaking pydantic JSON."""
+    try:
+        return await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=pydantic_data_converter,
+        )
+    except (RuntimeError, RPCError) as exc:
+        raise TemporalUnavailable(
+            f"cannot reach Temporal at {settings.temporal_address} "
+            f"(namespace {settings.temporal_namespace}): {exc}. "
+            "Is the stack up? Try: llm-batch dev up"
+        ) from exc
+
+
+async def start_job(
+    client: Client, spec: JobSpec, *, settings: Settings
+) -> tuple[WorkflowHandle[object, JobSummary], bool]:
+    """Start ``spec`` as a job; return (handle, started).
+
+    The job id is the workflow id: a second start of a running job returns that job
+    (``started`` False), and a finished job is never run again under the same id.
+    """
+    try:
+        handle = await client.start_workflow(
+            BATCH_JOB_WORKFLOW,
+            BatchJobInput(spec=spec),
+            id=spec.job_id,
+            task_queue=settings.cpu_task_queue,
+            result_type=JobSummary,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=TypedSearchAttributes(
+                [sa.JOB_ID.value_set(spec.job_id), sa.MODEL.value_set(spec.model)]
+            ),
+            static_summary=f"{spec.job_id}: {spec.model} over {', '.join(spec.inputs)[:200]}",
+        )
+    except WorkflowAlreadyStartedError:
+        return client.get_workflow_handle(spec.job_id, result_type=JobSummary), False
+    # With USE_EXISTING the server answers started=false when it handed back the
+    # running job; the SDK keeps that answer on the handle but has no public accessor.
+    response = getattr(handle, "_start_workflow_response", None)
+    return handle, bool(getattr(response, "started", True))

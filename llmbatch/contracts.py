@@ -1,0 +1,138 @@
+"""The job contract: what a caller sends to start a batch job.
+
+These models are the public API. They travel as Temporal workflow input (JSON), so a
+service in any language can start a job with a dict matching ``llm-batch schema``.
+Everything here is pure data and validation: no I/O, safe to import in workflows.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class InputFormat(enum.StrEnum):
+    """How input rows are encoded. ``openai`` is OpenAI batch JSONL."""
+
+    JSONL = "jsonl"
+    CSV = "csv"
+    PARQUET = "parquet"
+    OPENAI = "openai"
+
+
+class OutputFormat(enum.StrEnum):
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+class _Strict(BaseModel):
+    # Unknown keys are refused: a misspelt option must not be silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChatMessage(_Strict):
+    """One chat message; ``content`` is a Jinja2 template over the row's fields."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(min_length=1)
+
+
+class SamplingSpec(_Strict):
+    """Sampling parameters, mapped one to one onto vLLM's ``SamplingParams``.
+
+    At most one structured-output constraint (``choice``, ``json_schema``, ``regex``).
+    """
+
+    # Greedy by default: a re-run of a batch job gives the same answers.
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=256, ge=1, le=131072)
+    stop: list[str] | None = None
+    seed: int | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> Self:
+        given = [n for n in ("choice", "json_schema", "regex") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"use at most one structured-output constraint, got {given}")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex does not compile: {exc}") from exc
+        if self.choice is not None and len(set(self.choice)) != len(self.choice):
+            raise ValueError("choice has duplicate entries")
+        return self
+
+
+class RetrySpec(_Strict):
+    """How hard llm-batch tries before an item goes to the dead-letter list."""
+
+    max_activity_attempts: int = Field(default=10, ge=1, le=100)
+    max_item_attempts: int = Field(
+        default=3, ge=1, le=20, description="Attempts per item before it is dead-lettered."
+    )
+
+
+class JobSpec(_Strict):
+    """A batch job: input rows, a prompt, a model, and where results go."""
+
+    job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN)]
+    inputs: list[str] = Field(
+        min_length=1,
+        description="s3://bucket/key (globs allowed), file:///path or a plain path.",
+    )
+    input_format: InputFormat | None = Field(
+        default=None, description="Detected from the file name when not given."
+    )
+    id_field: str | None = Field(
+        default=None,
+        description="Row field holding the item id; default custom_id for OpenAI batch "
+        "input, else the row's position.",
+    )
+    messages: list[ChatMessage] | None = Field(
+        default=None,
+        min_length=1,
+        description="Chat messages whose contents are Jinja2 templates over row fields. "
+        "Not used for OpenAI batch input, whose request bodies are used as given.",
+    )
+    model: str = Field(min_length=1)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    shard_size: int = Field(default=1000, ge=1, le=100_000)
+    max_concurrent_shards: int = Field(default=4, ge=1, le=500)
+    output_uri: str = Field(min_length=1, description="Results go under <output_uri>/<job_id>/.")
+    output_format: OutputFormat = OutputFormat.JSONL
+    output_fields: list[str] | None = Field(
+        default=None, description="Input fields copied to each output row; default all."
+    )
+    max_row_bytes: int = Field(default=1 << 20, ge=1, le=64 << 20)
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+
+    @field_validator("inputs")
+    @classmethod
+    def _no_blank_inputs(cls, value: list[str]) -> list[str]:
+        if any(not v.strip() for v in value):
+            raise ValueError("an input URI is empty")
+        return value
+
+    @model_validator(mode="after")
+    def _prompt_given(self) -> Self:
+        if self.input_format is not InputFormat.OPENAI and self.messages is None:
+            # The format may still be detected as OpenAI later; planning checks again.
+            if not all(_looks_like_jsonl(u) for u in self.inputs):
+                raise ValueError("messages are required unless the input is OpenAI batch JSONL")
+        if self.input_format is InputFormat.OPENAI and self.messages is not None:
+            raise ValueError("OpenAI batch input carries its own messages; drop 'messages'")
+        return self
+
+
+def _looks_like_jsonl(uri: str) -> bool:
+    return uri.lower().endswith((".jsonl", ".ndjson", ".json-lines", "*"))

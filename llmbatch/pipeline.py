@@ -1,0 +1,170 @@
+"""What travels between workflows and activities: references and counts, never rows.
+
+Workflows import this module, so it holds pure data only (pydantic, no I/O).
+Activity names live here too, so workflows can call activities by name without
+importing the modules that hold boto3, asyncpg or vLLM.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from llmbatch.contracts import InputFormat, JobSpec
+
+# Activity names (one place, shared by workflows and workers).
+PLAN_JOB = "plan_job"
+FETCH_SHARD = "fetch_shard"
+RENDER_PROMPTS = "render_prompts"
+GENERATE = "generate"
+WRITE_SHARD = "write_shard"
+FINALIZE_JOB = "finalize_job"
+
+# Workflow type names: the contract for callers in other languages.
+BATCH_JOB_WORKFLOW = "BatchJobWorkflow"
+SHARD_WORKFLOW = "ShardWorkflow"
+
+SHARD_FINISHED_SIGNAL = "shard_finished"
+PROGRESS_QUERY = "progress"
+
+
+class TokenCounts(BaseModel):
+    prompt: int = 0
+    completion: int = 0
+
+    def __add__(self, other: TokenCounts) -> TokenCounts:
+        return TokenCounts(
+            prompt=self.prompt + other.prompt, completion=self.completion + other.completion
+        )
+
+
+class JobLayout(BaseModel):
+    """Where a job's objects live; every key is derived, so retries find the same ones."""
+
+    job_id: str
+    output_root: str = Field(description="<output_uri>/<job_id>")
+    input_format: InputFormat
+
+    @property
+    def staging(self) -> str:
+        return f"{self.output_root}/_staging"
+
+    def shard_plan(self, shard: int) -> str:
+        return f"{self.staging}/shard-{shard:05d}/plan.json"
+
+    def shard_rows(self, shard: int) -> str:
+        return f"{self.staging}/shard-{shard:05d}/rows.jsonl"
+
+    def shard_requests(self, shard: int) -> str:
+        return f"{self.staging}/shard-{shard:05d}/requests.jsonl"
+
+    def output_part(self, shard: int, extension: str) -> str:
+        return f"{self.output_root}/part-{shard:05d}.{extension}"
+
+    def error_part(self, shard: int) -> str:
+        return f"{self.output_root}/errors/part-{shard:05d}.jsonl"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.output_root}/manifest.json"
+
+
+class PlanResult(BaseModel):
+    layout: JobLayout
+    shard_count: int
+    items_total: int
+    gpu_task_queue: str = Field(description="Queue of the workers that have the job's model.")
+
+
+class ShardInput(BaseModel):
+    spec: JobSpec
+    layout: JobLayout
+    shard: int
+    gpu_task_queue: str
+    parent_workflow_id: str
+
+
+class FetchResult(BaseModel):
+    rows: int
+    invalid: int
+
+
+class RenderResult(BaseModel):
+    to_generate: int
+    already_done: int
+    dead: int
+
+
+class GenerateProgress(BaseModel):
+    """Heartbeat details of ``generate``: how far the attempt got."""
+
+    recorded: int = 0
+    dead: int = 0
+
+
+class GenerateResult(BaseModel):
+    generated: int
+    dead: int
+    skipped: int
+    tokens: TokenCounts
+
+
+class ShardSummary(BaseModel):
+    """What a shard reports to its parent when it ends."""
+
+    shard: int
+    items: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
+    output_parts: list[str] = Field(default_factory=list)
+    failed: str | None = Field(default=None, description="Why the shard itself failed, if it did.")
+
+
+class JobProgress(BaseModel):
+    """Answer to the ``progress`` query; also the base of the final summary."""
+
+    job_id: str
+    model: str
+    state: str = "planning"
+    shards_total: int = 0
+    shards_done: int = 0
+    shards_running: list[int] = Field(default_factory=list)
+    items_total: int = 0
+    items_succeeded: int = 0
+    items_dead: int = 0
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
+    started_at: str | None = None
+    failed_shards: list[int] = Field(default_factory=list)
+
+    @property
+    def items_done(self) -> int:
+        return self.items_succeeded + self.items_dead
+
+
+class JobSummary(JobProgress):
+    output_root: str = ""
+    manifest: str = ""
+    finished_at: str | None = None
+    elapsed_s: float = 0.0
+
+
+class FinalizeInput(BaseModel):
+    spec: JobSpec
+    layout: JobLayout
+    summary: JobSummary
+
+
+class BatchJobState(BaseModel):
+    """Carried across continue-as-new so a job of any size keeps a short history."""
+
+    plan: PlanResult | None = None
+    next_shard: int = 0
+    progress: JobProgress | None = None
+    finished: list[ShardSummary] = Field(
+        default_factory=list, description="Shard reports received but not yet counted."
+    )
+
+
+class BatchJobInput(BaseModel):
+    spec: JobSpec
+    state: BatchJobState = Field(default_factory=BatchJobState)

@@ -1,0 +1,101 @@
+"""Checking a job's inputs and splitting them into shards.
+
+Shared by the ``plan_job`` activity and ``llm-batch submit``, so a bad job is refused
+with the same message whether it comes from the CLI or from another service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmbatch import formats, storage
+from llmbatch.contracts import InputFormat, JobSpec
+from llmbatch.templates import PromptTemplate, TemplateError
+
+# Rows read to learn the input's field names (a CSV header or Parquet schema is exact).
+SAMPLE_ROWS = 20
+
+StoreFor = Callable[[str], storage.ObjectStore]
+
+
+class InvalidJobSpec(ValueError):
+    """The job can never run as given; the message says why."""
+
+
+@dataclass(frozen=True)
+class InputsInfo:
+    objects: list[storage.ObjectInfo]
+    input_format: InputFormat
+
+
+def inspect_inputs(spec: JobSpec, store_for: StoreFor) -> InputsInfo:
+    """List the inputs, settle their format and check the prompt against their fields."""
+    objects: list[storage.ObjectInfo] = []
+    for uri in spec.inputs:
+        try:
+            objects.extend(store_for(uri).list(uri))
+        except storage.InputNotFound as exc:
+            raise InvalidJobSpec(str(exc)) from exc
+        except storage.StorageError as exc:
+            raise InvalidJobSpec(f"cannot read input {uri}: {exc}") from exc
+    if not objects:
+        raise InvalidJobSpec(f"no input objects match {', '.join(spec.inputs)}")
+    fmt = spec.input_format or _detect(objects, store_for)
+    if fmt is InputFormat.OPENAI and spec.messages is not None:
+        raise InvalidJobSpec("the input is OpenAI batch JSONL, which carries its own messages")
+    if fmt is not InputFormat.OPENAI:
+        if spec.messages is None:
+            raise InvalidJobSpec(f"the input is {fmt.value}: give the prompt messages")
+        try:
+            template = PromptTemplate(spec.messages)
+        except TemplateError as exc:
+            raise InvalidJobSpec(str(exc)) from exc
+        fields = _sample_fields(objects[0], fmt, store_for, max_row_bytes=spec.max_row_bytes)
+        missing = template.missing_fields(fields)
+        if fields and missing:
+            raise InvalidJobSpec(
+                f"the prompt uses field(s) {', '.join(missing)} that {objects[0].uri} does not "
+                f"have; its fields are: {', '.join(sorted(fields))}"
+            )
+        if spec.id_field is not None and fields and spec.id_field not in fields:
+            raise InvalidJobSpec(f"id field {spec.id_field!r} is not a field of {objects[0].uri}")
+    return InputsInfo(objects=objects, input_format=fmt)
+
+
+def plan(spec: JobSpec, info: InputsInfo, store_for: StoreFor) -> list[formats.ShardPlan]:
+    """Split every input object into shards of at most ``spec.shard_size`` rows."""
+    try:
+        return formats.plan_shards(
+            store_for, info.objects, info.input_format, shard_size=spec.shard_size
+        )
+    except formats.FormatError as exc:
+        raise InvalidJobSpec(str(exc)) from exc
+
+
+def _detect(objects: list[storage.ObjectInfo], store_for: StoreFor) -> InputFormat:
+    detected = set()
+    for obj in objects:
+        head = store_for(obj.uri).read_range(obj.uri, 0, min(obj.size, 64 * 1024))
+        try:
+            detected.add(formats.detect_format(obj.uri, head))
+        except formats.FormatError as exc:
+            raise InvalidJobSpec(str(exc)) from exc
+    if len(detected) > 1:
+        kinds = ", ".join(sorted(f.value for f in detected))
+        raise InvalidJobSpec(f"inputs mix formats ({kinds}); give one format per job")
+    return detected.pop()
+
+
+def _sample_fields(
+    obj: storage.ObjectInfo, fmt: InputFormat, store_for: StoreFor, *, max_row_bytes: int
+) -> set[str]:
+    fields: set[str] = set()
+    for index, row in enumerate(
+        formats.sample_rows(store_for(obj.uri), obj, fmt, max_row_bytes=max_row_bytes)
+    ):
+        if row.fields is not None:
+            fields |= set(row.fields)
+        if index + 1 >= SAMPLE_ROWS:
+            break
+    return fields

@@ -1,0 +1,54 @@
+"""Records staged between a shard's steps, and the rows of the output files.
+
+Staged objects are JSONL, one record a line, so a step streams them with bounded
+memory; their keys are fixed by (job, shard), so a retried step overwrites its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from llmbatch.contracts import SamplingSpec
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StagedRow(BaseModel):
+    """One input row as read by ``fetch_shard``; ``fields`` is None when it was unreadable."""
+
+    item_id: str
+    ordinal: int
+    source: str
+    fields: dict[str, Any] | None = None
+    error_class: str | None = None
+    error: str | None = None
+
+
+class StagedRequest(BaseModel):
+    """One generation request as rendered by ``render_prompts``."""
+
+    item_id: str
+    source: str
+    messages: list[dict[str, str]]
+    sampling: SamplingSpec | None = None  # None: the job's sampling
+
+
+def dump_jsonl(records: Iterable[BaseModel]) -> bytes:
+    return b"".join(r.model_dump_json().encode() + b"\n" for r in records)
+
+
+def load_jsonl(data: bytes, model: type[M]) -> Iterator[M]:
+    for line in data.splitlines():
+        if line.strip():
+            yield model.model_validate_json(line)
+
+
+def jsonl_bytes(rows: Iterable[dict[str, Any]]) -> bytes:
+    """Output rows as JSONL (UTF-8, one object a line, no ASCII escaping)."""
+    return b"".join(
+        json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for row in rows
+    )

@@ -1,0 +1,13 @@
+"""The custom search attributes jobs carry, so operators can filter them in the Web UI."""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+JOB_ID = SearchAttributeKey.for_keyword("JobId")
+MODEL = SearchAttributeKey.for_keyword("Model")
+ITEMS_TOTAL = SearchAttributeKey.for_int("ItemsTotal")
+ITEMS_DONE = SearchAttributeKey.for_int("ItemsDone")
+ITEMS_DEAD = SearchAttributeKey.for_int("ItemsDead")
+
+ALL = (JOB_ID, MODEL, ITEMS_TOTAL, ITEMS_DONE, ITEMS_DEAD)

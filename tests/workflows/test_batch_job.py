@@ -1,0 +1,306 @@
+"""Jobs end to end on the real stack: Temporal dev server, Postgres, SeaweedFS, vLLM CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Replayer
+
+from llmbatch import formats, ledger, storage
+from llmbatch.client import start_job
+from llmbatch.config import Settings
+from llmbatch.contracts import ChatMessage, JobSpec, OutputFormat, SamplingSpec
+from llmbatch.pipeline import JobSummary
+from workflows.batch_job import BatchJobWorkflow
+from workflows.shard import ShardWorkflow
+
+pytestmark = pytest.mark.slow
+
+LABELS = ["Healthcare", "Retail", "Technology", "Other"]
+JOB_TIMEOUT_S = 300
+
+
+def job_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def classify(*, inputs: list[str], output_uri: str, model: str, **overrides: Any) -> JobSpec:
+    values: dict[str, Any] = {
+        "job_id": job_id("classify"),
+        "inputs": inputs,
+        "messages": [
+            ChatMessage(role="system", content="Classify the company."),
+            ChatMessage(role="user", content="Company: {{ name }}"),
+        ],
+        "model": model,
+        "sampling": SamplingSpec(choice=LABELS, max_tokens=8),
+        "output_uri": output_uri,
+        "shard_size": 50,
+    }
+    values.update(overrides)
+    return JobSpec(**values)
+
+
+async def run(client: Client, settings: Settings, spec: JobSpec) -> JobSummary:
+    handle, started = await start_job(client, spec, settings=settings)
+    assert started
+    return await asyncio.wait_for(handle.result(), JOB_TIMEOUT_S)
+
+
+def output_rows(settings: Settings, summary: JobSummary) -> list[dict[str, Any]]:
+    store = storage.open_store(summary.manifest, settings)
+    manifest = json.loads(store.read_bytes(summary.manifest))
+    rows: list[dict[str, Any]] = []
+    for part in manifest["output_parts"]:
+        data = store.read_bytes(part)
+        reader = (
+            formats.read_parquet_bytes if part.endswith(".parquet") else formats.read_jsonl_bytes
+        )
+        rows.extend(reader(data))
+    return rows
+
+
+def companies(n: int) -> list[dict[str, Any]]:
+    return [{"id": f"c{i:05d}", "name": f"Company {i} Medical Labs", "n": i} for i in range(n)]
+
+
+def csv_bytes(rows: list[dict[str, Any]]) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue().encode()
+
+
+def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+async def ledger_counts(settings: Settings, job: str) -> ledger.JobCounts:
+    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    try:
+        return await ledger.job_counts(pool, job_id=job)
+    finally:
+        await pool.close()
+
+
+async def test_csv_from_s3_every_item_once_and_choices_hold(
+    workers: Settings, temporal_client: Client, bucket: str, model_name: str
+) -> None:
+    rows = companies(230)
+    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store.put_bytes(f"s3://{bucket}/in/companies.csv", csv_bytes(rows))
+    spec = classify(
+        inputs=[f"s3://{bucket}/in/*.csv"],
+        output_uri=f"s3://{bucket}/out",
+        model=model_name,
+        id_field="id",
+    )
+
+    summary = await run(temporal_client, workers, spec)
+
+    assert summary.state == "succeeded"
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (230, 230, 0)
+    assert summary.shards_total == 5
+    out = output_rows(workers, summary)
+    assert sorted(r["item_id"] for r in out) == [r["id"] for r in rows]
+    assert all(r["text"] in LABELS and r["error"] is None for r in out)
+    assert all(r["input"]["name"] == f"Company {r['input']['n']} Medical Labs" for r in out)
+    assert summary.tokens.completion > 0
+    counts = await ledger_counts(workers, spec.job_id)
+    assert (counts.total, counts.succeeded, counts.dead) == (230, 230, 0)
+
+
+async def test_jsonl_from_disk_more_shards_than_window_parquet_out(
+    workers: Settings, temporal_client: Client, tmp_path: Path, model_name: str
+) -> None:
+    rows = companies(120)
+    source = tmp_path / "in" / "companies.jsonl"
+    source.parent.mkdir()
+    source.write_bytes(jsonl_bytes(rows))
+    spec = classify(
+        inputs=[str(source)],
+        output_uri=f"file://{tmp_path / 'out'}",
+        model=model_name,
+        shard_size=10,
+        max_concurrent_shards=3,
+        output_format=OutputFormat.PARQUET,
+    )
+
+    summary = await run(temporal_client, workers, spec)
+
+    assert summary.shards_total == 12 and summary.shards_done == 12
+    out = output_rows(workers, summary)
+    # Without an id field, the item id is the row's position in the input.
+    assert sorted(r["item_id"] for r in out) == sorted(f"row-{i}" for i in range(120))
+    assert {r["text"] for r in out} <= set(LABELS)
+    assert len(list((tmp_path / "out" / spec.job_id).glob("part-*.parquet"))) == 12
+
+
+async def test_parquet_from_s3_with_json_schema_yields_parsed_objects(
+    workers: Settings, temporal_client: Client, bucket: str, model_name: str
+) -> None:
+    rows = companies(40)
+    table = pa.Table.from_pylist(rows)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, row_group_size=15)
+    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store.put_bytes(f"s3://{bucket}/in/companies.parquet", buffer.getvalue())
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["a", "b"]}},
+        "required": ["label"],
+        "additionalProperties": False,
+    }
+    spec = classify(
+        inputs=[f"s3://{bucket}/in/companies.parquet"],
+        output_uri=f"s3://{bucket}/out",
+        model=model_name,
+        id_field="id",
+        sampling=SamplingSpec(json_schema=schema, max_tokens=32),
+    )
+
+    summary = await run(temporal_client, workers, spec)
+
+    out = output_rows(workers, summary)
+    assert len(out) == 40
+    ok = [r for r in out if r["error"] is None]
+    # The tiny model's random weights may run out of tokens mid-object; those rows
+    # are dead-lettered as InvalidStructuredOutput, every other one parses.
+    assert all(r["parsed"]["label"] in ("a", "b") for r in ok)
+    assert all(r["error"]["class"] == "InvalidStructuredOutput" for r in out if r["error"])
+    assert summary.items_succeeded + summary.items_dead == 40
+    assert summary.items_succeeded > 0
+
+
+async def test_openai_batch_file_gives_openai_output_and_error_file(
+    workers: Settings, temporal_client: Client, bucket: str, model_name: str
+) -> None:
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "whatever",
+                "messages": [{"role": "user", "content": f"Say hello {i}"}],
+                "max_tokens": 5,
+            },
+        }
+        for i in range(30)
+    ]
+    lines[7]["url"] = "/v1/embeddings"  # cannot run: goes to the error file
+    data = jsonl_bytes(lines) + b"{not json\n"
+    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store.put_bytes(f"s3://{bucket}/in/batch.jsonl", data)
+    spec = JobSpec(
+        job_id=job_id("openai"),
+        inputs=[f"s3://{bucket}/in/batch.jsonl"],
+        model=model_name,
+        output_uri=f"s3://{bucket}/out",
+        shard_size=8,
+    )
+
+    summary = await run(temporal_client, workers, spec)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (31, 29, 2)
+    manifest = json.loads(store.read_bytes(summary.manifest))
+    outputs = [
+        json.loads(line)
+        for part in manifest["output_parts"]
+        for line in store.read_bytes(part).splitlines()
+    ]
+    errors = [
+        json.loads(line)
+        for part in manifest["error_parts"]
+        for line in store.read_bytes(part).splitlines()
+    ]
+    assert sorted(o["custom_id"] for o in outputs) == sorted(
+        f"req-{i}" for i in range(30) if i != 7
+    )
+    for o in outputs:
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200 and o["error"] is None
+        assert body["object"] == "chat.completion"
+        assert body["usage"]["completion_tokens"] <= 5
+        assert isinstance(body["choices"][0]["message"]["content"], str)
+    codes = {e["custom_id"]: e["error"]["code"] for e in errors}
+    assert codes == {"req-7": "InvalidRequest", "row-30": "InvalidRow"}
+
+
+async def test_same_job_id_twice_is_one_job_with_one_set_of_results(
+    workers: Settings, temporal_client: Client, bucket: str, model_name: str
+) -> None:
+    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(60)))
+    spec = classify(
+        inputs=[f"s3://{bucket}/in/c.csv"], output_uri=f"s3://{bucket}/out", model=model_name
+    )
+
+    first, started_first = await start_job(temporal_client, spec, settings=workers)
+    second, started_second = await start_job(temporal_client, spec, settings=workers)
+
+    assert (started_first, started_second) == (True, False)
+    assert first.result_run_id == second.result_run_id
+    summary = await asyncio.wait_for(first.result(), JOB_TIMEOUT_S)
+    # Once finished, a third start is refused and hands back the finished job.
+    third, started_third = await start_job(temporal_client, spec, settings=workers)
+    assert not started_third
+    assert (await third.result()).items_succeeded == 60
+    assert len(output_rows(workers, summary)) == 60
+    counts = await ledger_counts(workers, spec.job_id)
+    assert counts.total == 60 and counts.succeeded == 60
+
+
+async def test_bad_jobs_are_refused_with_a_clear_message(
+    workers: Settings, temporal_client: Client, bucket: str, model_name: str
+) -> None:
+    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(3)))
+
+    missing = classify(
+        inputs=[f"s3://{bucket}/nope/*.csv"], output_uri=f"s3://{bucket}/out", model=model_name
+    )
+    handle, _ = await start_job(temporal_client, missing, settings=workers)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), 60)
+    assert f"s3://{bucket}/nope/*.csv" in str(failure.value.cause)
+
+    unknown_field = classify(
+        inputs=[f"s3://{bucket}/in/c.csv"],
+        output_uri=f"s3://{bucket}/out",
+        model=model_name,
+        messages=[ChatMessage(role="user", content="{{ name }} in {{ city }}")],
+    )
+    handle, _ = await start_job(temporal_client, unknown_field, settings=workers)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), 60)
+    message = str(failure.value.cause)
+    assert "city" in message and "id, n, name" in message
+
+
+async def test_histories_replay_without_nondeterminism(
+    workers: Settings, temporal_client: Client
+) -> None:
+    histories = []
+    async for execution in temporal_client.list_workflows(
+        "WorkflowType = 'BatchJobWorkflow' OR WorkflowType = 'ShardWorkflow'", limit=20
+    ):
+        histories.append(await temporal_client.get_workflow_handle(execution.id).fetch_history())
+    assert histories, "the other tests in this module should have left histories"
+    replayer = Replayer(
+        workflows=[BatchJobWorkflow, ShardWorkflow],
+        data_converter=temporal_client.data_converter,
+    )
+    for history in histories:
+        await replayer.replay_workflow(history)

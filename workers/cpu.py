@@ -1,0 +1,63 @@
+"""The CPU worker: workflows plus the activities that read, render and write."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.context import ActivityContext
+from activities.fetch import FetchActivities
+from activities.planning import PlanningActivities
+from activities.render import RenderActivities
+from activities.write import WriteActivities
+from llmbatch import ledger
+from llmbatch.client import connect
+from llmbatch.config import Settings
+from workers.shutdown import wait_for_stop_signal
+from workflows.batch_job import BatchJobWorkflow
+from workflows.shard import ShardWorkflow
+
+
+def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
+    """A worker on the CPU queue with every workflow and CPU activity registered."""
+    planning, fetch = PlanningActivities(ctx), FetchActivities(ctx)
+    render, write = RenderActivities(ctx), WriteActivities(ctx)
+    return Worker(
+        client,
+        task_queue=ctx.settings.cpu_task_queue,
+        workflows=[BatchJobWorkflow, ShardWorkflow],
+        activities=[
+            planning.plan_job,
+            planning.finalize_job,
+            fetch.fetch_shard,
+            render.render_prompts,
+            write.write_shard,
+        ],
+    )
+
+
+@contextlib.asynccontextmanager
+async def cpu_worker(settings: Settings, *, client: Client | None = None) -> AsyncIterator[Worker]:
+    """Run a CPU worker for the duration of the block (used by the CLI and tests)."""
+    client = client or await connect(settings)
+    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    try:
+        async with build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)) as w:
+            yield w
+    finally:
+        await pool.close()
+
+
+async def run_cpu_worker(settings: Settings) -> None:
+    """Run until SIGINT/SIGTERM."""
+    async with cpu_worker(settings):
+        print(f"cpu worker polling {settings.cpu_task_queue} on {settings.temporal_address}")
+        await wait_for_stop_signal()
+
+
+def main(settings: Settings | None = None) -> None:
+    asyncio.run(run_cpu_worker(settings or Settings()))

@@ -1,0 +1,123 @@
+"""The GPU worker: one vLLM engine per process, serving ``generate`` for its model.
+
+The engine is built once at start (model load paid once) and shared by several
+concurrent ``generate`` activities, each keeping many requests in flight, so
+continuous batching always has work queued while other shards read or write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.context import ActivityContext
+from activities.generate import GenerateActivities
+from llmbatch import ledger
+from llmbatch.client import connect
+from llmbatch.config import Settings
+from llmbatch.engine import Engine, EngineOptions
+from workers.shutdown import wait_for_stop_signal
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONCURRENT_ACTIVITIES = 4
+
+
+def build_gpu_worker(
+    client: Client,
+    ctx: ActivityContext,
+    engine: Engine,
+    *,
+    model: str,
+    max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
+    max_in_flight: int | None = None,
+    on_engine_dead: Callable[[BaseException], None] | None = None,
+) -> Worker:
+    """A worker on ``model``'s GPU queue running ``generate`` on ``engine``."""
+    generate = GenerateActivities(
+        ctx,
+        engine,
+        max_in_flight=max_in_flight or engine.default_max_in_flight,
+        on_engine_dead=on_engine_dead,
+    )
+    return Worker(
+        client,
+        task_queue=ctx.settings.gpu_task_queue(model),
+        activities=[generate.generate],
+        max_concurrent_activities=max_concurrent_activities,
+    )
+
+
+@contextlib.asynccontextmanager
+async def gpu_worker(
+    settings: Settings,
+    engine: Engine,
+    *,
+    model: str,
+    client: Client | None = None,
+    max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
+    max_in_flight: int | None = None,
+    on_engine_dead: Callable[[BaseException], None] | None = None,
+) -> AsyncIterator[Worker]:
+    """Run a GPU worker on an already started engine for the duration of the block."""
+    client = client or await connect(settings)
+    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    try:
+        worker = build_gpu_worker(
+            client,
+            ActivityContext(settings=settings, pool=pool),
+            engine,
+            model=model,
+            max_concurrent_activities=max_concurrent_activities,
+            max_in_flight=max_in_flight,
+            on_engine_dead=on_engine_dead,
+        )
+        async with worker:
+            yield worker
+    finally:
+        await pool.close()
+
+
+async def run_gpu_worker(
+    settings: Settings,
+    options: EngineOptions,
+    *,
+    max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
+    max_in_flight: int | None = None,
+) -> int:
+    """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
+    engine = await Engine.start(options)
+    dead = asyncio.Event()
+
+    def engine_died(exc: BaseException) -> None:
+        log.error("vLLM engine died (%s); stopping so a supervisor restarts this worker", exc)
+        dead.set()
+
+    try:
+        async with gpu_worker(
+            settings,
+            engine,
+            model=options.model,
+            max_concurrent_activities=max_concurrent_activities,
+            max_in_flight=max_in_flight,
+            on_engine_dead=engine_died,
+        ):
+            print(
+                f"gpu worker for {options.model} polling {settings.gpu_task_queue(options.model)}"
+                f" on {settings.temporal_address}",
+                flush=True,
+            )
+            await wait_for_stop_signal(dead)
+    finally:
+        engine.shutdown()
+    return 1 if dead.is_set() else 0
+
+
+def main(settings: Settings, options: EngineOptions, **kwargs: int | None) -> None:
+    sys.exit(asyncio.run(run_gpu_worker(settings, options, **kwargs)))  # type: ignore[arg-type]

@@ -1,0 +1,178 @@
+"""BatchJobWorkflow: plans a job, runs its shards in a bounded window, sums them up."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from llmbatch.pipeline import (
+        BATCH_JOB_WORKFLOW,
+        FINALIZE_JOB,
+        PLAN_JOB,
+        PROGRESS_QUERY,
+        SHARD_FINISHED_SIGNAL,
+        SHARD_WORKFLOW,
+        BatchJobInput,
+        FinalizeInput,
+        JobProgress,
+        JobSummary,
+        PlanResult,
+        ShardInput,
+        ShardSummary,
+    )
+
+PLAN_TIMEOUT = timedelta(hours=1)
+FINALIZE_TIMEOUT = timedelta(minutes=15)
+
+
+@workflow.defn(name=BATCH_JOB_WORKFLOW)
+class BatchJobWorkflow:
+    """The parent of a job; workflow id = job id.
+
+    Shards run as children started with ParentClosePolicy.ABANDON and report back by
+    the ``shard_finished`` signal, so this workflow can continue as new at any time
+    with shards still running, and its history stays short whatever the job size.
+    """
+
+    @workflow.init
+    def __init__(self, input: BatchJobInput) -> None:
+        self._reports: list[ShardSummary] = list(input.state.finished)
+        self._progress = input.state.progress or JobProgress(
+            job_id=input.spec.job_id, model=input.spec.model
+        )
+
+    @workflow.signal(name=SHARD_FINISHED_SIGNAL)
+    def shard_finished(self, summary: ShardSummary) -> None:
+        self._reports.append(summary)
+
+    @workflow.query(name=PROGRESS_QUERY)
+    def progress(self) -> JobProgress:
+        return self._progress
+
+    @workflow.run
+    async def run(self, input: BatchJobInput) -> JobSummary:
+        spec, state = input.spec, input.state
+        progress = self._progress
+        if progress.started_at is None:
+            progress.started_at = workflow.now().isoformat()
+        retry = RetryPolicy(
+            maximum_attempts=spec.retry.max_activity_attempts,
+            maximum_interval=timedelta(seconds=60),
+            non_retryable_error_types=["InvalidJobSpec"],
+        )
+        if state.plan is None:
+            try:
+                state.plan = await workflow.execute_activity(
+                    PLAN_JOB,
+                    spec,
+                    result_type=PlanResult,
+                    start_to_close_timeout=PLAN_TIMEOUT,
+                    retry_policy=retry,
+                    summary="list inputs and plan shards",
+                )
+            except Exception as err:
+                cause = getattr(err, "cause", None)
+                if isinstance(cause, ApplicationError) and cause.type == "InvalidJobSpec":
+                    # Surface the validation message itself as the job's failure.
+                    raise ApplicationError(
+                        cause.message, type="InvalidJobSpec", non_retryable=True
+                    ) from err
+                raise
+            progress.shards_total = state.plan.shard_count
+            progress.items_total = state.plan.items_total
+            progress.state = "running"
+        plan = state.plan
+
+        running = set(progress.shards_running)
+        try:
+            while True:
+                self._count_reports(running)
+                while len(running) < spec.max_concurrent_shards and state.next_shard < (
+                    plan.shard_count
+                ):
+                    shard = state.next_shard
+                    await self._start_shard(input, plan, shard)
+                    running.add(shard)
+                    state.next_shard += 1
+                    progress.shards_running = sorted(running)
+                if not running:
+                    break
+                if workflow.info().is_continue_as_new_suggested():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    self._count_reports(running)
+                    state.progress = progress
+                    state.finished = []
+                    workflow.continue_as_new(BatchJobInput(spec=spec, state=state))
+                await workflow.wait_condition(lambda: bool(self._reports))
+        except asyncio.CancelledError:
+            # Abandoned children do not follow the parent's cancellation on their own.
+            progress.state = "cancelled"
+            for shard in sorted(running):
+                await workflow.get_external_workflow_handle(_shard_id(spec.job_id, shard)).cancel()
+            raise
+
+        summary = JobSummary(**progress.model_dump(), output_root=plan.layout.output_root)
+        summary.state = _final_state(summary)
+        summary.finished_at = workflow.now().isoformat()
+        summary = await workflow.execute_activity(
+            FINALIZE_JOB,
+            FinalizeInput(spec=spec, layout=plan.layout, summary=summary),
+            result_type=JobSummary,
+            start_to_close_timeout=FINALIZE_TIMEOUT,
+            retry_policy=retry,
+            summary="write manifest",
+        )
+        self._progress = summary
+        return summary
+
+    async def _start_shard(self, input: BatchJobInput, plan: PlanResult, shard: int) -> None:
+        job_id = input.spec.job_id
+        try:
+            await workflow.start_child_workflow(
+                SHARD_WORKFLOW,
+                ShardInput(
+                    spec=input.spec,
+                    layout=plan.layout,
+                    shard=shard,
+                    gpu_task_queue=plan.gpu_task_queue,
+                    parent_workflow_id=workflow.info().workflow_id,
+                ),
+                id=_shard_id(job_id, shard),
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                static_summary=f"{job_id} shard {shard} of {plan.shard_count}",
+            )
+        except WorkflowAlreadyStartedError:
+            # Still running from before a continue-as-new: its signal will come.
+            pass
+
+    def _count_reports(self, running: set[int]) -> None:
+        progress = self._progress
+        reports, self._reports = self._reports, []
+        for report in reports:
+            if report.shard not in running:
+                continue  # a duplicate report
+            running.discard(report.shard)
+            progress.shards_done += 1
+            progress.items_succeeded += report.succeeded
+            progress.items_dead += report.dead
+            progress.tokens = progress.tokens + report.tokens
+            if report.failed is not None:
+                progress.failed_shards.append(report.shard)
+        progress.shards_running = sorted(running)
+
+
+def _shard_id(job_id: str, shard: int) -> str:
+    return f"{job_id}/shard-{shard:05d}"
+
+
+def _final_state(summary: JobSummary) -> str:
+    if summary.failed_shards or (summary.items_total and summary.items_dead == summary.items_total):
+        return "failed"
+    if summary.items_dead:
+        return "completed_with_errors"
+    return "succeeded"
