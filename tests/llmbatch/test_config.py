@@ -1,0 +1,77 @@
+"""Settings precedence: keyword > LLMBATCH_* environment > TOML file > defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmbatch.config import Settings, model_slug
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("LLMBATCH_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no stray ./llm-batch.toml
+    return monkeypatch
+
+
+def test_defaults_point_at_the_embedded_stack(clean_env: pytest.MonkeyPatch) -> None:
+    s = Settings()
+    assert s.temporal_address == "127.0.0.1:7233"
+    assert s.postgres_dsn.get_secret_value().startswith("postgresql://")
+    assert s.s3_endpoint_url == "http://127.0.0.1:8333"
+    assert s.web_ui_url == "http://127.0.0.1:8233"
+    assert s.migrations_dir.is_dir()
+
+
+def test_file_then_env_then_keywords(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "conf.toml"
+    config.write_text(
+        'temporal_namespace = "from-file"\ns3_bucket = "file-bucket"\ncpu_task_queue = "file-q"\n'
+    )
+    clean_env.setenv("LLMBATCH_CONFIG", str(config))
+    clean_env.setenv("LLMBATCH_S3_BUCKET", "env-bucket")
+    clean_env.setenv("LLMBATCH_CPU_TASK_QUEUE", "env-q")
+
+    s = Settings(cpu_task_queue="kw-q")
+
+    assert s.temporal_namespace == "from-file"
+    assert s.s3_bucket == "env-bucket"
+    assert s.cpu_task_queue == "kw-q"
+
+
+def test_local_toml_file_is_read(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "llm-batch.toml").write_text('s3_bucket = "local-file"\n')
+    assert Settings().s3_bucket == "local-file"
+
+
+def test_missing_config_file_is_an_error(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("LLMBATCH_CONFIG", str(tmp_path / "absent.toml"))
+    with pytest.raises(FileNotFoundError, match="absent.toml"):
+        Settings()
+
+
+def test_secrets_do_not_show_in_repr(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("LLMBATCH_S3_SECRET_ACCESS_KEY", "hunter2")
+    s = Settings()
+    assert "hunter2" not in repr(s)
+    assert s.s3_secret_access_key.get_secret_value() == "hunter2"
+
+
+@pytest.mark.parametrize(
+    ("model", "queue"),
+    [
+        ("Qwen/Qwen2.5-0.5B-Instruct", "llm-batch-gpu-qwen-qwen2.5-0.5b-instruct"),
+        ("/tmp/models/tiny-llama/", "llm-batch-gpu-tiny-llama"),
+    ],
+)
+def test_gpu_queue_is_named_for_the_model(
+    clean_env: pytest.MonkeyPatch, model: str, queue: str
+) -> None:
+    assert Settings().gpu_task_queue(model) == queue
+    assert model_slug(model) in queue

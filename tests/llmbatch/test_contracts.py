@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from llmbatch.contracts import JobSpec, SamplingSpec
+
+
+def spec(**overrides: Any) -> JobSpec:
+    values: dict[str, Any] = {
+        "job_id": "j1",
+        "inputs": ["s3://b/in.csv"],
+        "messages": [{"role": "user", "content": "{{ x }}"}],
+        "model": "m",
+        "output_uri": "s3://b/out",
+    }
+    values.update(overrides)
+    return JobSpec.model_validate(values)
+
+
+def test_a_minimal_spec_has_working_defaults() -> None:
+    s = spec()
+    assert s.sampling.temperature == 0.0 and s.shard_size == 1000
+    assert s.output_format == "jsonl"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"job_id": "bad id!"}, "job_id"),
+        ({"inputs": []}, "inputs"),
+        ({"shard_size": 0}, "shard_size"),
+        ({"messages": None}, "messages are required"),
+        ({"sampling": {"choice": ["a"], "regex": "a"}}, "at most one"),
+        ({"sampling": {"regex": "("}}, "regex does not compile"),
+        ({"sampling": {"choice": ["a", "a"]}}, "duplicate"),
+        ({"sampling": {"temprature": 1}}, "temprature"),
+        ({"input_format": "openai"}, "carries its own messages"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_problem(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        spec(**overrides)
+
+
+def test_openai_batch_input_needs_no_messages() -> None:
+    s = spec(inputs=["s3://b/batch.jsonl"], messages=None)
+    assert s.messages is None
+
+
+def test_json_schema_is_exported() -> None:
+    schema = JobSpec.model_json_schema()
+    assert {"job_id", "inputs", "model", "output_uri"} <= set(schema["required"])
+    assert "SamplingSpec" in schema["$defs"]
+    assert SamplingSpec().max_tokens == 256

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmbatch.contracts import SamplingSpec
+from llmbatch.openai_batch import InvalidRequest, error_line, output_line, parse_request
+
+
+def line(**body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body},
+    }
+
+
+def test_body_maps_to_messages_and_sampling() -> None:
+    custom_id, messages, sampling = parse_request(
+        line(
+            max_completion_tokens=7,
+            temperature=0.5,
+            stop="\n",
+            response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+        ),
+        defaults=SamplingSpec(),
+    )
+    assert custom_id == "a"
+    assert messages == [{"role": "user", "content": "hi"}]
+    assert (sampling.max_tokens, sampling.temperature, sampling.stop) == (7, 0.5, ["\n"])
+    assert sampling.json_schema == {"type": "object"}
+
+
+def test_text_content_parts_are_joined() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    _, messages, _ = parse_request(
+        line(messages=[{"role": "user", "content": parts}]), defaults=SamplingSpec()
+    )
+    assert messages[0]["content"] == "ab"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"url": "/v1/embeddings"}, "not supported"),
+        ({"custom_id": None}, "custom_id"),
+        ({"body": {"messages": []}}, "non-empty"),
+        ({"body": {"messages": [{"role": "user", "content": "x"}], "n": 2}}, "n other than 1"),
+        ({"body": {"messages": [{"role": "user", "content": "x"}], "temperature": 9}}, "sampling"),
+    ],
+)
+def test_requests_that_cannot_run_are_refused(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_request({**line(), **change}, defaults=SamplingSpec())
+
+
+def test_output_and_error_lines_have_the_openai_shape() -> None:
+    out = output_line(
+        job_id="j",
+        custom_id="a",
+        model="m",
+        text="hello",
+        finish_reason="stop",
+        prompt_tokens=3,
+        completion_tokens=2,
+        created=1,
+    )
+    assert out["response"]["status_code"] == 200
+    assert out["response"]["body"]["usage"]["total_tokens"] == 5
+    assert out["response"]["body"]["choices"][0]["message"]["content"] == "hello"
+    err = error_line(job_id="j", custom_id="a", code="InvalidRequest", message="bad")
+    assert err["id"] == out["id"] and err["response"] is None
+    assert err["error"] == {"code": "InvalidRequest", "message": "bad"}
