@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.stack",
     "tests.fixtures.model",
+    "tests.fixtures.workers",
 ]
