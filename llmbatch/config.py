@@ -81,7 +81,9 @@ class Settings(BaseSettings):
         path = _config_file()
         if path is not None:
             if not path.is_file():
-                raise FileNotFoundError(f"config file {path} (from ${CONFIG_ENV_VAR}) does not exist")
+                raise FileNotFoundError(
+                    f"config file {path} (from ${CONFIG_ENV_VAR}) does not exist"
+                )
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
 

@@ -13,9 +13,6 @@ from llmbatch import formats, storage
 from llmbatch.contracts import InputFormat, JobSpec
 from llmbatch.templates import PromptTemplate, TemplateError
 
-# Rows read to learn the input's field names (a CSV header or Parquet schema is exact).
-SAMPLE_ROWS = 20
-
 StoreFor = Callable[[str], storage.ObjectStore]
 
 
@@ -51,7 +48,10 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor) -> InputsInfo:
             template = PromptTemplate(spec.messages)
         except TemplateError as exc:
             raise InvalidJobSpec(str(exc)) from exc
-        fields = _sample_fields(objects[0], fmt, store_for, max_row_bytes=spec.max_row_bytes)
+        try:
+            fields = formats.field_names(store_for(objects[0].uri), objects[0], fmt)
+        except formats.FormatError as exc:
+            raise InvalidJobSpec(str(exc)) from exc
         missing = template.missing_fields(fields)
         if fields and missing:
             raise InvalidJobSpec(
@@ -85,17 +85,3 @@ def _detect(objects: list[storage.ObjectInfo], store_for: StoreFor) -> InputForm
         kinds = ", ".join(sorted(f.value for f in detected))
         raise InvalidJobSpec(f"inputs mix formats ({kinds}); give one format per job")
     return detected.pop()
-
-
-def _sample_fields(
-    obj: storage.ObjectInfo, fmt: InputFormat, store_for: StoreFor, *, max_row_bytes: int
-) -> set[str]:
-    fields: set[str] = set()
-    for index, row in enumerate(
-        formats.sample_rows(store_for(obj.uri), obj, fmt, max_row_bytes=max_row_bytes)
-    ):
-        if row.fields is not None:
-            fields |= set(row.fields)
-        if index + 1 >= SAMPLE_ROWS:
-            break
-    return fields

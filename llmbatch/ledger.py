@@ -1,0 +1,327 @@
+"""The item ledger in Postgres: one row per (job, item), the source of truth for "done".
+
+Status goes ``pending → running → succeeded | dead`` and a terminal status never
+changes (except through :func:`requeue_dead`, the dead-letter re-drive). Writes are
+batched through ``unnest`` arrays, one statement per batch, and fenced by lease: a
+result lands only while the writer's ``lease_owner`` still holds the item, so an
+attempt that outlived its heartbeat timeout cannot overwrite a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+TERMINAL = ("succeeded", "dead")
+
+
+@dataclass(slots=True)
+class NewItem:
+    item_id: str
+    ordinal: int
+    prompt_hash: str | None
+    source: str
+
+
+@dataclass(slots=True)
+class ItemResult:
+    item_id: str
+    result: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+
+
+@dataclass(slots=True)
+class DeadItem:
+    item_id: str
+    shard: int
+    error_class: str
+    error_message: str
+    source: str | None
+
+
+@dataclass(slots=True)
+class LedgerRow:
+    item_id: str
+    ordinal: int
+    status: str
+    attempt: int
+    source: str | None
+    result: dict[str, Any] | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    error_class: str | None
+    error_message: str | None
+    finished_at: datetime | None
+
+
+@dataclass(slots=True)
+class JobCounts:
+    total: int
+    pending: int
+    running: int
+    succeeded: int
+    dead: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    item_id: str
+    shard: int
+    error_class: str
+    error_message: str
+    source: str | None
+    attempts: int
+    created_at: datetime
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """A pool whose connections read and write jsonb as Python objects."""
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection
+    )
+    assert pool is not None
+    return pool
+
+
+async def upsert_job(
+    pool: asyncpg.Pool, *, job_id: str, spec: dict[str, Any], model: str, output_uri: str
+) -> bool:
+    """Record a job once; True when this call created it."""
+    status = await pool.execute(
+        "INSERT INTO jobs (job_id, spec, model, output_uri) VALUES ($1, $2, $3, $4) "
+        "ON CONFLICT (job_id) DO NOTHING",
+        job_id,
+        spec,
+        model,
+        output_uri,
+    )
+    return status.endswith(" 1")
+
+
+async def finish_job(
+    pool: asyncpg.Pool,
+    *,
+    job_id: str,
+    status: str,
+    items_total: int,
+    items_succeeded: int,
+    items_dead: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> None:
+    """Record a job's outcome and totals."""
+    await pool.execute(
+        "UPDATE jobs SET status = $2, items_total = $3, items_succeeded = $4, items_dead = $5, "
+        "prompt_tokens = $6, completion_tokens = $7, finished_at = now(), updated_at = now() "
+        "WHERE job_id = $1",
+        job_id,
+        status,
+        items_total,
+        items_succeeded,
+        items_dead,
+        prompt_tokens,
+        completion_tokens,
+    )
+
+
+async def register_items(
+    pool: asyncpg.Pool, *, job_id: str, shard: int, items: Sequence[NewItem]
+) -> set[str]:
+    """Insert pending rows for new items; return the ids that are already finished."""
+    if not items:
+        return set()
+    ids = [i.item_id for i in items]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            """
+            INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source)
+            SELECT $1, t.item_id, $2, t.ordinal, t.prompt_hash, t.source
+            FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[])
+                 AS t(item_id, ordinal, prompt_hash, source)
+            ON CONFLICT (job_id, item_id) DO UPDATE
+                SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now()
+                WHERE items.status NOT IN ('succeeded', 'dead')
+            """,
+            job_id,
+            shard,
+            ids,
+            [i.ordinal for i in items],
+            [i.prompt_hash for i in items],
+            [i.source for i in items],
+        )
+        rows = await conn.fetch(
+            "SELECT item_id FROM items WHERE job_id = $1 AND item_id = ANY($2::text[]) "
+            "AND status IN ('succeeded', 'dead')",
+            job_id,
+            ids,
+        )
+    return {r["item_id"] for r in rows}
+
+
+async def claim_items(
+    pool: asyncpg.Pool, *, job_id: str, item_ids: Sequence[str], lease_owner: str
+) -> set[str]:
+    """Take the unfinished ones of ``item_ids`` for ``lease_owner``; return those taken."""
+    if not item_ids:
+        return set()
+    rows = await pool.fetch(
+        """
+        UPDATE items SET status = 'running', lease_owner = $3, attempt = attempt + 1,
+                         started_at = now(), updated_at = now()
+        WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status NOT IN ('succeeded', 'dead')
+        RETURNING item_id
+        """,
+        job_id,
+        list(item_ids),
+        lease_owner,
+    )
+    return {r["item_id"] for r in rows}
+
+
+async def record_results(
+    pool: asyncpg.Pool, *, job_id: str, lease_owner: str, results: Sequence[ItemResult]
+) -> int:
+    """Mark items succeeded where ``lease_owner`` still holds them; return rows written."""
+    if not results:
+        return 0
+    status = await pool.execute(
+        """
+        UPDATE items AS i
+        SET status = 'succeeded', result = r.result::jsonb, prompt_tokens = r.prompt_tokens,
+            completion_tokens = r.completion_tokens, latency_ms = r.latency_ms,
+            error_class = NULL, error_message = NULL, finished_at = now(), updated_at = now()
+        FROM unnest($3::text[], $4::text[], $5::int[], $6::int[], $7::float8[])
+             AS r(item_id, result, prompt_tokens, completion_tokens, latency_ms)
+        WHERE i.job_id = $1 AND i.item_id = r.item_id
+          AND i.lease_owner = $2 AND i.status = 'running'
+        """,
+        job_id,
+        lease_owner,
+        [r.item_id for r in results],
+        [json.dumps(r.result) for r in results],
+        [r.prompt_tokens for r in results],
+        [r.completion_tokens for r in results],
+        [r.latency_ms for r in results],
+    )
+    return int(status.rsplit(" ", 1)[1])
+
+
+async def record_dead(
+    pool: asyncpg.Pool, *, job_id: str, lease_owner: str | None, items: Sequence[DeadItem]
+) -> int:
+    """Mark items dead and list them as dead letters; return rows marked.
+
+    With a ``lease_owner`` only items it holds change (like results); without one,
+    any unfinished item does (rows that failed before anything claimed them).
+    """
+    if not items:
+        return 0
+    count = await pool.fetchval(
+        """
+        WITH d AS (
+            SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                AS t(item_id, error_class, error_message, source)
+        ), marked AS (
+            UPDATE items AS i
+            SET status = 'dead', error_class = d.error_class, error_message = d.error_message,
+                source = COALESCE(d.source, i.source), finished_at = now(), updated_at = now()
+            FROM d
+            WHERE i.job_id = $1 AND i.item_id = d.item_id
+              AND i.status NOT IN ('succeeded', 'dead')
+              AND ($6::text IS NULL OR (i.lease_owner = $6 AND i.status = 'running'))
+            RETURNING i.item_id, i.shard, i.error_class, i.error_message, i.source, i.attempt
+        ), listed AS (
+            INSERT INTO dead_letters
+                (job_id, item_id, shard, error_class, error_message, source, attempts)
+            SELECT $1, item_id, shard, error_class, error_message, source, attempt FROM marked
+            ON CONFLICT (job_id, item_id) DO UPDATE
+                SET error_class = EXCLUDED.error_class, error_message = EXCLUDED.error_message,
+                    attempts = EXCLUDED.attempts, created_at = now(), redriven_at = NULL
+            RETURNING 1
+        )
+        SELECT count(*) FROM marked
+        """,
+        job_id,
+        [i.item_id for i in items],
+        [i.error_class for i in items],
+        [i.error_message for i in items],
+        [i.source for i in items],
+        lease_owner,
+    )
+    return int(count)
+
+
+async def shard_results(pool: asyncpg.Pool, *, job_id: str, shard: int) -> list[LedgerRow]:
+    """Every item of a shard, in input order."""
+    rows = await pool.fetch(
+        """
+        SELECT item_id, ordinal, status, attempt, source, result, prompt_tokens,
+               completion_tokens, error_class, error_message, finished_at
+        FROM items WHERE job_id = $1 AND shard = $2 ORDER BY ordinal, item_id
+        """,
+        job_id,
+        shard,
+    )
+    return [LedgerRow(**dict(r)) for r in rows]
+
+
+async def job_counts(pool: asyncpg.Pool, *, job_id: str) -> JobCounts:
+    row = await pool.fetchrow(
+        """
+        SELECT count(*) AS total,
+               count(*) FILTER (WHERE status = 'pending') AS pending,
+               count(*) FILTER (WHERE status = 'running') AS running,
+               count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+               count(*) FILTER (WHERE status = 'dead') AS dead,
+               coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+               coalesce(sum(completion_tokens), 0) AS completion_tokens
+        FROM items WHERE job_id = $1
+        """,
+        job_id,
+    )
+    assert row is not None
+    return JobCounts(**{k: int(v) for k, v in dict(row).items()})
+
+
+async def dead_items(pool: asyncpg.Pool, *, job_id: str) -> list[DeadLetter]:
+    rows = await pool.fetch(
+        """
+        SELECT item_id, shard, error_class, error_message, source, attempts, created_at
+        FROM dead_letters WHERE job_id = $1 ORDER BY shard, item_id
+        """,
+        job_id,
+    )
+    return [DeadLetter(**dict(r)) for r in rows]
+
+
+async def requeue_dead(pool: asyncpg.Pool, *, job_id: str, item_ids: Sequence[str]) -> int:
+    """Make dead items pending again (dead-letter re-drive); return how many."""
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.execute(
+            """
+            UPDATE items SET status = 'pending', lease_owner = NULL, error_class = NULL,
+                             error_message = NULL, finished_at = NULL, updated_at = now()
+            WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status = 'dead'
+            """,
+            job_id,
+            list(item_ids),
+        )
+        await conn.execute(
+            "DELETE FROM dead_letters WHERE job_id = $1 AND item_id = ANY($2::text[])",
+            job_id,
+            list(item_ids),
+        )
+    return int(status.rsplit(" ", 1)[1])
