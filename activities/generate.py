@@ -60,13 +60,14 @@ class GenerateActivities:
             self._ctx.pool, job_id=job_id, item_ids=list(requests), lease_owner=lease
         )
         todo = [r for r in requests.values() if r.item_id in claimed]
-        recorder = _Recorder(self._ctx, input, lease, progress, requests)
+        recorder = _Recorder(self._ctx, input, lease, progress, todo)
 
         def engine_requests() -> Iterator[GenerationRequest]:
-            for r in todo:
+            # Request ids are unique per attempt, so a zombie attempt's requests in the
+            # same engine never collide with the new attempt's.
+            for index, r in enumerate(todo):
                 yield GenerationRequest(
-                    request_id=f"{lease}:{r.item_id}",
-                    item_id=r.item_id,
+                    request_id=f"{lease}:{index}",
                     messages=r.messages,
                     sampling=r.sampling or spec.sampling,
                 )
@@ -114,10 +115,10 @@ class _Recorder:
         input: ShardInput,
         lease: str,
         progress: GenerateProgress,
-        requests: dict[str, StagedRequest],
+        todo: list[StagedRequest],
     ) -> None:
         self._ctx, self._input, self._lease = ctx, input, lease
-        self._progress, self._requests = progress, requests
+        self._progress, self._todo = progress, todo
         self._results: list[ledger.ItemResult] = []
         self._dead: list[ledger.DeadItem] = []
         self._last_flush = time.monotonic()
@@ -126,7 +127,8 @@ class _Recorder:
         self.tokens = TokenCounts()
 
     def add(self, result: GenerationResult) -> None:
-        item_id = result.request_id.rsplit(":", 1)[1] if result.item_id is None else result.item_id
+        request = self._todo[int(result.request_id.rsplit(":", 1)[1])]
+        item_id = request.item_id
         if result.error_class is not None:
             self._dead.append(
                 ledger.DeadItem(
@@ -134,7 +136,7 @@ class _Recorder:
                     shard=self._input.shard,
                     error_class=result.error_class,
                     error_message=result.error_message or "",
-                    source=self._requests[item_id].source,
+                    source=request.source,
                 )
             )
             return

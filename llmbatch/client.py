@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import (
+    SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
@@ -56,7 +57,10 @@ async def start_job(
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=TypedSearchAttributes(
-                [sa.JOB_ID.value_set(spec.job_id), sa.MODEL.value_set(spec.model)]
+                [
+                    SearchAttributePair(sa.JOB_ID, spec.job_id),
+                    SearchAttributePair(sa.MODEL, spec.model),
+                ]
             ),
             static_summary=f"{spec.job_id}: {spec.model} over {', '.join(spec.inputs)[:200]}",
         )

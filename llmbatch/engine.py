@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field
+from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -69,6 +70,10 @@ class EngineOptions(BaseModel):
             "enforce_eager": self.enforce_eager,
             "seed": self.seed,
             "disable_log_stats": True,
+            # Compact JSON: fewer tokens, and no model can stall in an endless indent.
+            "structured_outputs_config": StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True
+            ),
         }
         for name in (
             "max_model_len",
@@ -113,8 +118,7 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
     if spec.choice is not None:
         structured = StructuredOutputsParams(choice=spec.choice)
     elif spec.json_schema is not None:
-        # Without free whitespace a small model cannot stall in an endless indent.
-        structured = StructuredOutputsParams(json=spec.json_schema, disable_any_whitespace=True)
+        structured = StructuredOutputsParams(json=spec.json_schema)
     elif spec.regex is not None:
         structured = StructuredOutputsParams(regex=spec.regex)
     return SamplingParams(

@@ -40,9 +40,7 @@ def test_a_minimal_spec_has_working_defaults() -> None:
         ({"input_format": "openai"}, "carries its own messages"),
     ],
 )
-def test_bad_specs_are_refused_naming_the_problem(
-    overrides: dict[str, Any], message: str
-) -> None:
+def test_bad_specs_are_refused_naming_the_problem(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         spec(**overrides)
 
