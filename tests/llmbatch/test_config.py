@@ -52,7 +52,7 @@ def test_local_toml_file_is_read(clean_env: pytest.MonkeyPatch, tmp_path: Path) 
 
 def test_missing_config_file_is_an_error(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("LLMBATCH_CONFIG", str(tmp_path / "absent.toml"))
-    with pytest.raises(FileNotFoundError, match="absent.toml"):
+    with pytest.raises(FileNotFoundError, match=r"absent\.toml"):
         Settings()
 
 

@@ -36,5 +36,5 @@ def test_row_data_is_never_template_source() -> None:
 
 
 def test_syntax_error_names_the_message() -> None:
-    with pytest.raises(TemplateError, match="message 0 .user.: template syntax error"):
+    with pytest.raises(TemplateError, match=r"message 0 \(user\): template syntax error"):
         template("{{ unclosed")
