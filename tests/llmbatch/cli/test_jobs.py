@@ -1,0 +1,93 @@
+"""The job commands, run as a real ``llm-batch`` process against the session's stack.
+
+The workers run in this test process's event loop, so the CLI runs as an async
+subprocess while the test awaits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from llmbatch.config import Settings
+from llmbatch.demo import settings_env
+
+pytestmark = pytest.mark.slow
+
+
+async def cli(settings: Settings, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "llmbatch.cli.main",
+        *args,
+        env={**os.environ, **settings_env(settings), "COLUMNS": "200"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_schema_is_json_schema_of_the_job_spec(stack: Settings) -> None:
+    code, out, _ = await cli(stack, "schema")
+    schema = json.loads(out)
+    assert code == 0 and schema["title"] == "JobSpec"
+    assert "sampling" in schema["properties"]
+
+
+async def test_bad_submissions_fail_in_one_line(stack: Settings, tmp_path: Path) -> None:
+    code, _, err = await cli(
+        stack, "submit", "--input", str(tmp_path / "missing.csv"), "--model", "m", "--user", "{{x}}"
+    )
+    assert code == 1 and "missing.csv does not exist" in err
+    assert len(err.strip().splitlines()) == 1
+
+    data = tmp_path / "rows.csv"
+    data.write_text("name,city\nAcme,Lyon\n")
+    code, _, err = await cli(
+        stack, "submit", "--input", str(data), "--model", "m", "--user", "{{ company }}"
+    )
+    assert code == 1 and "company" in err and "city, name" in err
+
+    code, _, err = await cli(
+        stack, "submit", "--input", str(data), "--model", "m", "--user", "{{ name }}",
+        "--choices", "a", "--regex", "b",
+    )  # fmt: skip
+    assert code == 1 and "at most one structured-output constraint" in err
+
+
+async def test_submit_wait_status_results(
+    workers: Settings, tmp_path: Path, model_name: str
+) -> None:
+    data = tmp_path / "tickets.jsonl"
+    data.write_text("".join(json.dumps({"text": f"ticket {i}"}) + "\n" for i in range(25)))
+    job = f"cli-{uuid.uuid4().hex[:8]}"
+    code, out, err = await cli(
+        workers, "submit", "--input", str(data), "--model", model_name, "--job-id", job,
+        "--system", "Label the ticket.", "--user", "{{ text }}", "--choices", "bug,billing",
+        "--output", f"file://{tmp_path / 'out'}", "--shard-size", "10", "--wait", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["state"] == "succeeded" and summary["items_succeeded"] == 25
+
+    code, out, _ = await cli(workers, "status", job, "--json")
+    status = json.loads(out)
+    assert code == 0 and status["workflow_status"] == "completed"
+    assert status["items_total"] == 25 and status["shards_total"] == 3
+
+    code, out, _ = await cli(workers, "results", job, "--json", "-n", "4")
+    results = json.loads(out)
+    assert code == 0 and len(results["rows"]) == 4
+    assert all(r["text"] in ("bug", "billing") for r in results["rows"])
+
+    code, _, err = await cli(workers, "status", "no-such-job")
+    assert code == 1 and "no job 'no-such-job'" in err
