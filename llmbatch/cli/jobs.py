@@ -24,8 +24,9 @@ from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, InputFormat, JobSpec, OutputFormat
 from llmbatch.pipeline import PROGRESS_QUERY, JobProgress, JobSummary
 
-out = Console()
-err = Console(stderr=True)
+# soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class CliError(Exception):
