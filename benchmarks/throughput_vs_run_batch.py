@@ -31,8 +31,10 @@ from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
 from llmbatch.tiny_model import build_tiny_model
 
+# On CPU, --gpu-memory-utilization is the share of RAM (vLLM's default 0.92 fails here).
 ENGINE_ARGS = [
     "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
+    "--gpu-memory-utilization", "0.3",
 ]  # fmt: skip
 TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
 
