@@ -3,8 +3,8 @@
 Runs the peer (``python -m vllm.entrypoints.openai.run_batch``) and llm-batch on the
 embedded stack with the same engine options, alternating, ``--repeats`` times each,
 and prints items/s for both (engine load excluded and included) and the ratio of
-medians. Engine load is measured the same way for both: run-batch on a one-request
-file for the peer, start-to-polling of the GPU worker for llm-batch.
+medians. Engine load is split off the same way for both: for run-batch, until it logs
+that it reads the batch file; for llm-batch, until the started workers poll their queues.
 
     .venv/bin/python benchmarks/throughput_vs_run_batch.py --requests 5000 --repeats 3
 """
@@ -56,18 +56,28 @@ def batch_lines(n: int, *, model: str, max_tokens: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def run_batch(model: str, src: Path, dst: Path) -> float:
+def run_batch(model: str, src: Path, dst: Path) -> tuple[float, float]:
+    """(seconds generating, seconds loading): loading ends when run-batch logs that it
+    reads the batch file, which it does only once its engine is up."""
     started = time.monotonic()
-    subprocess.run(
+    loaded = None
+    proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
          "--model", model, *ENGINE_ARGS],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    elapsed = time.monotonic() - started
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if loaded is None and "Reading batch from" in line:
+            loaded = time.monotonic()
+    if proc.wait() != 0 or loaded is None:
+        raise RuntimeError(f"run-batch failed with exit code {proc.returncode}")
+    finished = time.monotonic()
     with dst.open() as f:
         ok = sum(1 for line in f if json.loads(line).get("error") is None)
-    print(f"  run-batch: {elapsed:.1f} s, {ok} ok", flush=True)
-    return elapsed
+    print(f"  run-batch: {finished - loaded:.1f} s batch + {loaded - started:.1f} s load, {ok} ok",
+          flush=True)  # fmt: skip
+    return finished - loaded, loaded - started
 
 
 async def llm_batch(
@@ -120,25 +130,25 @@ def main() -> None:
         build_tiny_model(settings.state_dir.resolve() / "models" / "tiny-llama")
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    src, one = work / "batch.jsonl", work / "one.jsonl"
+    src = work / "batch.jsonl"
     src.write_bytes(batch_lines(args.requests, model=model, max_tokens=args.max_tokens))
-    one.write_bytes(batch_lines(1, model=model, max_tokens=args.max_tokens))
     data_uri = f"s3://{settings.s3_bucket}/bench/batch-{args.requests}.jsonl"
     storage.open_store(data_uri, settings).put_file(data_uri, src)
 
-    peer_total, peer_load, ours_job, ours_load = [], [], [], []
+    peer_job, peer_load, ours_job, ours_load = [], [], [], []
     for round_ in range(args.repeats):
         print(f"round {round_ + 1}/{args.repeats}", flush=True)
-        peer_load.append(run_batch(model, one, work / "one.out.jsonl"))
-        peer_total.append(run_batch(model, src, work / "out.jsonl"))
+        job, load = run_batch(model, src, work / "out.jsonl")
+        peer_job.append(job)
+        peer_load.append(load)
         job, load = asyncio.run(llm_batch(settings, model, data_uri, args.requests, work / "logs"))
         ours_job.append(job)
         ours_load.append(load)
 
     n = args.requests
     med = statistics.median
-    peer_excl = n / max(med(peer_total) - med(peer_load), 1e-9)
-    peer_incl = n / med(peer_total)
+    peer_excl = n / med(peer_job)
+    peer_incl = n / (med(peer_job) + med(peer_load))
     ours_excl = n / med(ours_job)
     ours_incl = n / (med(ours_job) + med(ours_load))
     print(f"\n{n} requests, {args.max_tokens} max tokens, {args.repeats} rounds, medians:")
