@@ -64,10 +64,10 @@ def run_batch(model: str, src: Path, dst: Path) -> tuple[float, float]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
          "--model", model, *ENGINE_ARGS],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    assert proc.stderr is not None
-    for line in proc.stderr:
+    assert proc.stdout is not None
+    for line in proc.stdout:  # vLLM logs to stdout
         if loaded is None and "Reading batch from" in line:
             loaded = time.monotonic()
     if proc.wait() != 0 or loaded is None:

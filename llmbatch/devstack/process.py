@@ -1,17 +1,23 @@
-"""Detached server processes: start, wait until ready, stop, and free-port checks."""
+"""Detached server processes: start, wait until ready, stop; free ports; a state lock."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
+
+# SeaweedFS reaches some gRPC services at "http port + 10000" whatever their flags say.
+GRPC_OFFSET = 10000
+# Ports we pick stay below this, so their gRPC twin is a valid port too.
+_HIGHEST_PICK = 65535 - GRPC_OFFSET
 
 
 class DevStackError(RuntimeError):
@@ -19,7 +25,9 @@ class DevStackError(RuntimeError):
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether nothing listens on ``host:port`` (a bind succeeds)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR: a port in TIME_WAIT after our own `down` counts as free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
@@ -28,23 +36,41 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1", *, avoid: set[int] | None = None) -> int:
-    """A port nothing listens on now (and not in ``avoid``)."""
+def free_port(
+    host: str = "127.0.0.1", *, avoid: set[int] | None = None, grpc_twin: bool = False
+) -> int:
+    """A port nothing listens on now, not in ``avoid``; with ``grpc_twin`` port+10000 too."""
+    avoid = avoid or set()
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
             port = int(sock.getsockname()[1])
-        # gRPC ports of SeaweedFS are http port + 10000: keep both in range.
-        if port < 55000 and (avoid is None or port not in avoid):
-            return port
+        if port >= _HIGHEST_PICK or port in avoid:
+            continue
+        if grpc_twin and (port + GRPC_OFFSET in avoid or not port_free(port + GRPC_OFFSET, host)):
+            continue
+        return port
 
 
-def alive(pid: int | None) -> bool:
+def started_at(pid: int | None) -> float | None:
+    """The process's start time (to tell it from a later process that reuses its pid)."""
+    if not pid:
+        return None
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def alive(pid: int | None, started: float | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, if ``started`` is given, is that process."""
     if not pid:
         return False
     try:
         proc = psutil.Process(pid)
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(proc.create_time() - started) < 1.0
     except psutil.Error:
         return False
 
@@ -60,6 +86,8 @@ def start(
     """Start ``argv`` in its own session (it outlives this process); return its pid."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
+        out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} start: {argv[0]}\n".encode())
+        out.flush()
         proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
@@ -73,6 +101,20 @@ def start(
     return proc.pid
 
 
+def last_log_line(log: Path, *, limit: int = 200) -> str:
+    """The log's last non-empty line, on one line and cut to ``limit`` characters."""
+    try:
+        with log.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    line = " ".join(lines[-1].split()) if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def wait_ready(
     part: str,
     ready: Callable[[], bool],
@@ -81,11 +123,16 @@ def wait_ready(
     log: Path,
     within_s: float,
 ) -> None:
-    """Poll ``ready`` until it holds; fail at once if the process dies, or at the deadline."""
+    """Poll ``ready`` until it holds; fail at once if the process dies, or at the deadline.
+
+    ``ready`` must bound its own waiting (timeouts on every call) so the deadline holds.
+    """
     deadline = time.monotonic() + within_s
     while True:
         if not alive(pid):
-            raise DevStackError(f"{part} exited while starting; see its log {log}")
+            last = last_log_line(log)
+            said = f" (last log line: {last})" if last else ""
+            raise DevStackError(f"{part} exited while starting{said}; see its log {log}")
         with contextlib.suppress(Exception):
             if ready():
                 return
@@ -102,13 +149,30 @@ def stop(pid: int | None, *, first: signal.Signals = signal.SIGTERM, grace_s: fl
         return
     assert pid is not None
     try:
-        group = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        leader = psutil.Process(pid)
+        group = [leader, *leader.children(recursive=True)]
     except psutil.Error:
         return
     with contextlib.suppress(psutil.Error):
-        group[0].send_signal(first)
-    _, left = psutil.wait_procs(group[:1], timeout=grace_s)
+        leader.send_signal(first)
+    _, left = psutil.wait_procs([leader], timeout=grace_s)
     for proc in left + group[1:]:
         with contextlib.suppress(psutil.Error):
             proc.kill()
+    # Anything left in the process group (started with start_new_session, so pgid == pid),
+    # even if it was re-parented away from the leader.
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
     psutil.wait_procs(group, timeout=5)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` so two `up`/`down` calls never interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -2,34 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from llmbatch.config import Settings
 from llmbatch.devstack import process
 from llmbatch.devstack.parts import Part, PostgresPart, SeaweedPart, TemporalPart
+from llmbatch.devstack.process import DevStackError
 
-# Ports the settings do not name; chosen free once, then kept in the state file.
-_EXTRA_PORTS = {
-    "temporal": ["http", "metrics"],
-    "postgres": [],
-    "seaweedfs": [
-        "s3_grpc", "master", "master_grpc", "volume", "volume_grpc",
-        "filer", "filer_grpc", "admin", "admin_grpc",
-    ],
-}  # fmt: skip
+# Started in this order (Postgres and S3 do not need Temporal, but its start is the
+# slowest to fail on a bad port, so problems surface early).
+PARTS: tuple[type[Part], ...] = (TemporalPart, PostgresPart, SeaweedPart)
 
 
 class PartStatus(BaseModel):
+    """One server of the stack."""
+
     name: str
     running: bool
     pid: int | None
     endpoint: str
     log: str
+    ports: dict[str, int] = Field(
+        default_factory=dict, description="Ports the settings do not name, chosen free."
+    )
 
 
 class StackStatus(BaseModel):
+    """What runs and where; ``started`` lists the parts the last ``up`` call started."""
+
     state_dir: str
     parts: list[PartStatus]
     temporal_address: str
@@ -38,6 +44,7 @@ class StackStatus(BaseModel):
     postgres_dsn: str
     s3_endpoint: str | None
     s3_bucket: str
+    started: list[str] = Field(default_factory=list)
 
     @property
     def running(self) -> bool:
@@ -47,7 +54,7 @@ class StackStatus(BaseModel):
         lines = [f"llm-batch dev stack ({self.state_dir}):"]
         for p in self.parts:
             state = f"running (pid {p.pid})" if p.running else "stopped"
-            lines.append(f"  {p.name:<10} {state:<22} {p.endpoint}")
+            lines.append(f"  {p.name:<10} {state:<22} log {p.log}")
         lines += [
             f"  Temporal:  {self.temporal_address} (namespace {self.namespace})",
             f"  Web UI:    {self.web_ui}",
@@ -58,100 +65,141 @@ class StackStatus(BaseModel):
 
 
 class DevStack:
-    """The embedded stack whose state lives in ``settings.state_dir``."""
+    """The embedded stack whose state lives in ``settings.state_dir``.
+
+    ``stack.json`` there records each part's pid, start time and chosen ports;
+    ``run/<part>.pid`` holds the bare pid for scripts.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.state = settings.state_dir.resolve()
         self._file = self.state / "stack.json"
+        self._lock = self.state / "stack.lock"
+
+    def up(self) -> StackStatus:
+        """Start what is not running (Temporal, Postgres, S3) and wait until it answers.
+
+        Idempotent: a running part is left alone. Raises ``DevStackError`` (one line naming
+        the part and its log) on a taken port, a missing binary or a server that dies or
+        does not become ready; the parts this call started are stopped again then.
+        """
+        with process.locked(self._lock):
+            parts = self._parts()
+            todo = [p for p in parts if not p.running()]
+            self._check_moved(p for p in parts if p.running())
+            self._check_named_ports(parts, todo)
+            started: list[Part] = []
+            try:
+                for part in todo:
+                    part.plan_ports(self._taken(parts, part))
+                    started.append(part)
+                    part.start()
+                    self._save(parts)
+            except BaseException:
+                for part in reversed(started):
+                    # The start failure is the error to report, not a failed cleanup.
+                    with contextlib.suppress(Exception):
+                        part.stop()
+                raise
+            finally:
+                self._save(parts)
+            return self._status(parts, started=[p.name for p in started])
+
+    def down(self) -> None:
+        """Stop every part (all at once; SIGKILL after a grace period). Data stays."""
+        with process.locked(self._lock):
+            parts = self._parts()
+            with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+                for future in [pool.submit(part.stop) for part in parts]:
+                    future.result()
+            self._save(parts)
+
+    def status(self) -> StackStatus:
+        """What runs and where (no process is started or stopped)."""
+        return self._status(self._parts())
 
     def _parts(self) -> list[Part]:
         saved = self._load()
-        parts: list[Part] = [
-            TemporalPart("temporal", self.settings),
-            PostgresPart("postgres", self.settings),
-            SeaweedPart("seaweedfs", self.settings),
-        ]
+        parts = [cls(self.settings) for cls in PARTS]
         for part in parts:
             record = saved.get(part.name, {})
             part.pid = record.get("pid")
-            part.ports = dict(record.get("ports", {}))
+            part.started = record.get("started")
+            part.ports = {k: int(v) for k, v in (record.get("ports") or {}).items()}
+            part.bound = {k: int(v) for k, v in (record.get("bound") or {}).items()}
+            if not part.running():
+                found = part.discover()
+                part.pid = found
+                part.started = process.started_at(found)
         return parts
 
-    def _load(self) -> dict[str, dict]:
+    def _check_moved(self, running: Iterable[Part]) -> None:
+        """Fail if a running part listens elsewhere than the settings now say."""
+        for part in running:
+            if part.bound and part.bound != part.named_ports():
+                raise DevStackError(
+                    f"{part.name} already runs from {self.state} on ports {part.bound}, but "
+                    f"the settings say {part.named_ports()}; run `llm-batch dev down` first "
+                    f"(log: {part.log})"
+                )
+
+    def _check_named_ports(self, parts: list[Part], todo: list[Part]) -> None:
+        """Fail before anything starts if two parts share a port or one is taken."""
+        owner: dict[int, str] = {}
+        for part in parts:
+            for what, port in part.named_ports().items():
+                if port in owner:
+                    raise DevStackError(
+                        f"{part.name}: the settings give port {port} to both {owner[port]} "
+                        f"and {part.name} ({what}); choose another (log: {part.log})"
+                    )
+                owner[port] = f"{part.name} ({what})"
+        for part in todo:
+            part.check_named_ports()
+
+    def _taken(self, parts: list[Part], part: Part) -> set[int]:
+        taken = {p for other in parts for p in other.named_ports().values()}
+        taken |= {p for other in parts if other is not part for p in other.ports.values()}
+        return taken
+
+    def _load(self) -> dict[str, dict[str, Any]]:
         try:
-            return json.loads(self._file.read_text())
+            data = json.loads(self._file.read_text())
         except (FileNotFoundError, ValueError):
             return {}
+        return data if isinstance(data, dict) else {}
 
     def _save(self, parts: list[Part]) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
-        data = {p.name: {"pid": p.pid, "ports": p.ports} for p in parts}
+        data = {
+            p.name: {"pid": p.pid, "started": p.started, "ports": p.ports, "bound": p.bound}
+            for p in parts
+        }
         tmp = self._file.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(self._file)
+        run = self.state / "run"
+        run.mkdir(exist_ok=True)
+        for p in parts:
+            pid_file = run / f"{p.name}.pid"
+            if p.pid is not None and p.running():
+                pid_file.write_text(f"{p.pid}\n")
+            else:
+                pid_file.unlink(missing_ok=True)
 
-    def up(self) -> StackStatus:
-        """Start what is not running (in order: Temporal, Postgres, S3); idempotent."""
-        parts = self._parts()
-        try:
-            for part in parts:
-                if process.alive(part.pid):
-                    continue
-                part.pid = None
-                self._assign_ports(part, parts)
-                part.check_ports()
-                for port in self._named_ports(part):
-                    if not process.port_free(port):
-                        raise process.DevStackError(
-                            f"{part.name}: port {port} on 127.0.0.1 is already in use by another "
-                            f"program; free it or change the setting (log: {part.log})"
-                        )
-                part.start()
-                self._save(parts)
-        finally:
-            self._save(parts)
-        return self._status(parts)
-
-    def _named_ports(self, part: Part) -> list[int]:
-        s = self.settings
-        return {
-            "temporal": [s.temporal_port, s.temporal_ui_port],
-            "postgres": [s.postgres_port],
-            "seaweedfs": [s.s3_port],
-        }[part.name]
-
-    def _assign_ports(self, part: Part, parts: list[Part]) -> None:
-        taken = {p for other in parts for p in other.ports.values()}
-        taken |= {p for other in parts for p in self._named_ports(other)}
-        for name in _EXTRA_PORTS[part.name]:
-            port = part.ports.get(name)
-            if port is None or not process.port_free(port):
-                port = process.free_port(avoid=taken)
-                part.ports[name] = port
-            taken.add(port)
-
-    def down(self) -> None:
-        """Stop every part; nothing of the stack keeps running."""
-        parts = self._parts()
-        for part in reversed(parts):
-            part.stop()
-        self._save(parts)
-
-    def status(self) -> StackStatus:
-        return self._status(self._parts())
-
-    def _status(self, parts: list[Part]) -> StackStatus:
+    def _status(self, parts: list[Part], *, started: list[str] | None = None) -> StackStatus:
         s = self.settings
         return StackStatus(
             state_dir=str(self.state),
             parts=[
                 PartStatus(
                     name=p.name,
-                    running=process.alive(p.pid),
-                    pid=p.pid if process.alive(p.pid) else None,
+                    running=p.running(),
+                    pid=p.pid if p.running() else None,
                     endpoint=p.endpoint(),
                     log=str(p.log),
+                    ports=p.ports,
                 )
                 for p in parts
             ],
@@ -161,4 +209,5 @@ class DevStack:
             postgres_dsn=s.postgres_dsn.get_secret_value(),
             s3_endpoint=s.s3_endpoint_url,
             s3_bucket=s.s3_bucket,
+            started=started or [],
         )
