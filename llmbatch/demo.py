@@ -156,11 +156,16 @@ def settings_env(settings: Settings) -> dict[str, str]:
 async def wait_for_pollers(
     client: Client, task_queues: list[str], *, procs: list[subprocess.Popen[bytes]], within_s: float
 ) -> None:
-    """Wait until every task queue has a poller; fail fast if a worker process exits."""
+    """Wait until every task queue is polled by one of ``procs``; fail fast if one exits.
+
+    Temporal remembers pollers for minutes after they go, so a poller counts only if
+    its identity (``<pid>@<host>``, the SDK's default) names one of our processes.
+    """
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
+    ours = tuple(f"{proc.pid}@" for proc in procs)
     deadline = time.monotonic() + within_s
     pending = list(task_queues)
     while pending:
@@ -177,9 +182,9 @@ async def wait_for_pollers(
                 task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
             )
         )
-        if response.pollers:
+        if any(p.identity.startswith(ours) for p in response.pollers):
             pending.pop(0)
             continue
         if time.monotonic() > deadline:
             raise TimeoutError(f"no worker polls {queue} after {within_s:.0f} s")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)
