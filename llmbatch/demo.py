@@ -171,9 +171,7 @@ async def wait_for_pollers(
     while pending:
         for proc in procs:
             if proc.poll() is not None:
-                raise RuntimeError(
-                    f"worker {' '.join(map(str, proc.args))} exited with {proc.returncode}"
-                )
+                raise RuntimeError(f"worker {proc.args!r} exited with {proc.returncode}")
         queue = pending[0]
         response = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -225,7 +225,7 @@ class Engine:
 
     async def generate_many(
         self, requests: Iterable[GenerationRequest], *, max_in_flight: int
-    ) -> AsyncIterator[GenerationResult]:
+    ) -> AsyncGenerator[GenerationResult, None]:
         """Results as they finish, with at most ``max_in_flight`` requests in the engine.
 
         Closing the iterator early (or cancelling its consumer) aborts what is in flight.

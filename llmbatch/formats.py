@@ -14,7 +14,7 @@ import io
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -113,6 +113,10 @@ def plan_shards(
     return plans
 
 
+class _Readable(Protocol):
+    def open_read(self, uri: str) -> IO[bytes]: ...
+
+
 class _Records:
     """Splits a byte stream into records: lines, or CSV records whose quotes balance."""
 
@@ -145,7 +149,7 @@ def _iter_lines(stream: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
         yield offset, tail
 
 
-def _chunks(store: ObjectStore, uri: str, chunk_bytes: int) -> Iterator[bytes]:
+def _chunks(store: _Readable, uri: str, chunk_bytes: int) -> Iterator[bytes]:
     reader = store.open_read(uri)
     try:
         while chunk := reader.read(chunk_bytes):
@@ -155,7 +159,7 @@ def _chunks(store: ObjectStore, uri: str, chunk_bytes: int) -> Iterator[bytes]:
 
 
 def _plan_lines(
-    store: ObjectStore, obj: ObjectInfo, *, csv_mode: bool, shard_size: int, chunk_bytes: int
+    store: _Readable, obj: ObjectInfo, *, csv_mode: bool, shard_size: int, chunk_bytes: int
 ) -> list[ShardPlan]:
     plans: list[ShardPlan] = []
     records = _Records(csv_mode=csv_mode)

@@ -81,7 +81,6 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
-        torch_dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

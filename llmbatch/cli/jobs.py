@@ -111,24 +111,26 @@ def submit(
     messages = _messages(messages_file, system, user)
     if messages is not None:
         values["messages"] = messages
-    for key, value in (
+    options: list[tuple[str, Any]] = [
         ("input_format", input_format),
         ("id_field", id_field),
         ("shard_size", shard_size),
         ("max_concurrent_shards", max_concurrent_shards),
-    ):
+    ]
+    for key, value in options:
         if value is not None:
             values[key] = value
     values["output_format"] = output_format
     sampling = dict(values.get("sampling") or {})
-    for key, value in (
+    sampling_options: list[tuple[str, Any]] = [
         ("temperature", temperature),
         ("top_p", top_p),
         ("max_tokens", max_tokens),
         ("stop", stop or None),
         ("seed", seed),
         ("regex", regex),
-    ):
+    ]
+    for key, value in sampling_options:
         if value is not None:
             sampling[key] = value
     if choices is not None:
