@@ -74,12 +74,10 @@ class SamplingSpec(_Strict):
 
 
 class RetrySpec(_Strict):
-    """How hard llm-batch tries before an item goes to the dead-letter list."""
+    """How hard llm-batch retries a shard's steps (transient failures) before the shard
+    is reported failed."""
 
     max_activity_attempts: int = Field(default=10, ge=1, le=100)
-    max_item_attempts: int = Field(
-        default=3, ge=1, le=20, description="Attempts per item before it is dead-lettered."
-    )
 
 
 class JobSpec(_Strict):
