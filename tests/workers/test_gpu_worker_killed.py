@@ -1,0 +1,113 @@
+"""SIGKILL the GPU worker in the middle of a job; a new one finishes it, exactly once.
+
+Real processes: the GPU worker runs as ``llm-batch worker gpu`` (its own vLLM
+engine); the kill comes from outside, as a preempted machine's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from llmbatch import ledger
+from llmbatch.client import start_job
+from llmbatch.config import Settings
+from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.demo import settings_env, wait_for_pollers
+from workers.cpu import cpu_worker
+
+pytestmark = pytest.mark.slow
+
+ROWS, SHARD = 3000, 500
+
+
+def gpu_worker_process(settings: Settings, model: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmbatch.cli.main", "worker", "gpu", "--model", model,
+             "--max-model-len", "512", "--max-num-seqs", "64", "--concurrent-shards", "2"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **settings_env(settings)},
+            start_new_session=True,  # so the kill takes its engine process too
+        )  # fmt: skip
+
+
+async def until_done(pool: ledger.asyncpg.Pool, job_id: str, items: int) -> None:
+    """Poll the ledger (the only outside view of progress) until ``items`` succeeded."""
+    for _ in range(6000):
+        if (await ledger.job_counts(pool, job_id=job_id)).succeeded >= items:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{job_id}: fewer than {items} items succeeded in 600 s")
+
+
+async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
+    stack: Settings, temporal_client: Client, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    # A model path of its own gives this test a GPU queue no in-process worker polls.
+    model = str(shutil.copytree(tiny_model_path, tmp_path / "tiny-kill"))
+    queue = stack.gpu_task_queue(model)
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(ROWS)))
+    spec = JobSpec(
+        job_id=f"kill-{uuid.uuid4().hex[:8]}",
+        inputs=[str(source)],
+        messages=[ChatMessage(role="user", content="Tell me about {{ n }}.")],
+        model=model,
+        sampling=SamplingSpec(max_tokens=24, temperature=1.0, seed=1),
+        shard_size=SHARD,
+        max_concurrent_shards=2,
+        output_uri=f"file://{tmp_path / 'out'}",
+    )
+    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    first = gpu_worker_process(stack, model, tmp_path / "gpu-1.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        async with cpu_worker(stack, client=temporal_client):
+            await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=300)
+            handle, _ = await start_job(temporal_client, spec, settings=stack)
+            # Not on a shard boundary: shards are mid-way when the kill comes.
+            await until_done(pool, spec.job_id, ROWS // 4)
+            os.killpg(first.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            done_at_kill = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
+            second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
+            summary = await asyncio.wait_for(handle.result(), 600)
+            resumed_after = time.monotonic() - killed_at
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(60)
+    rows = await pool.fetch(
+        "SELECT item_id, status, attempt FROM items WHERE job_id = $1", spec.job_id
+    )
+    await pool.close()
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (ROWS, ROWS, 0)
+    assert len(rows) == ROWS and {r["status"] for r in rows} == {"succeeded"}
+    out_ids = [
+        json.loads(line)["item_id"]
+        for part in sorted((tmp_path / "out" / spec.job_id).glob("part-*.jsonl"))
+        for line in part.read_text().splitlines()
+    ]
+    assert len(out_ids) == ROWS and len(set(out_ids)) == ROWS
+    # Only what the killed attempts held and had not recorded is taken again: at most
+    # the shards that were running, never the items already in the ledger.
+    reclaimed = sum(1 for r in rows if r["attempt"] > 1)
+    assert 0 < reclaimed <= 2 * SHARD
+    assert reclaimed <= ROWS - done_at_kill
+    print(
+        f"killed at {done_at_kill}/{ROWS} done; {reclaimed} items claimed again; "
+        f"job finished {resumed_after:.1f} s after the kill"
+    )
