@@ -10,6 +10,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from llmbatch import search_attributes as sa
     from llmbatch.pipeline import (
         BATCH_JOB_WORKFLOW,
         FINALIZE_JOB,
@@ -86,6 +87,7 @@ class BatchJobWorkflow:
             progress.shards_total = state.plan.shard_count
             progress.items_total = state.plan.items_total
             progress.state = "running"
+            self._publish()
         plan = state.plan
 
         running = set(progress.shards_running)
@@ -119,6 +121,8 @@ class BatchJobWorkflow:
         summary = JobSummary(**progress.model_dump(), output_root=plan.layout.output_root)
         summary.state = _final_state(summary)
         summary.finished_at = workflow.now().isoformat()
+        self._progress.state = summary.state
+        self._publish()
         summary = await workflow.execute_activity(
             FINALIZE_JOB,
             FinalizeInput(spec=spec, layout=plan.layout, summary=summary),
@@ -150,6 +154,24 @@ class BatchJobWorkflow:
             # Still running from before a continue-as-new: its signal will come.
             pass
 
+    def _publish(self) -> None:
+        """Coarse progress for the Web UI: search attributes to filter and sort jobs by,
+        and the details line on the job's page. Counts only, never row data."""
+        p = self._progress
+        workflow.upsert_search_attributes(
+            [
+                sa.ITEMS_TOTAL.value_set(p.items_total),
+                sa.ITEMS_DONE.value_set(p.items_done),
+                sa.ITEMS_DEAD.value_set(p.items_dead),
+            ]
+        )
+        workflow.set_current_details(
+            f"**{p.state}**: shards {p.shards_done}/{p.shards_total} done, "
+            f"running {len(p.shards_running)}; items {p.items_done}/{p.items_total} done "
+            f"({p.items_dead} dead); tokens {p.tokens.prompt} prompt, "
+            f"{p.tokens.completion} completion"
+        )
+
     def _count_reports(self, running: set[int]) -> None:
         progress = self._progress
         reports, self._reports = self._reports, []
@@ -164,6 +186,8 @@ class BatchJobWorkflow:
             if report.failed is not None:
                 progress.failed_shards.append(report.shard)
         progress.shards_running = sorted(running)
+        if reports:
+            self._publish()
 
 
 def _shard_id(job_id: str, shard: int) -> str:

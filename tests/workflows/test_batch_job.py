@@ -13,10 +13,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
-from llmbatch import formats, ledger, storage
+from llmbatch import formats, ledger, search_attributes, storage
 from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, JobSpec, OutputFormat, SamplingSpec
@@ -119,6 +120,15 @@ async def test_csv_from_s3_every_item_once_and_choices_hold(
     assert summary.tokens.completion > 0
     counts = await ledger_counts(workers, spec.job_id)
     assert (counts.total, counts.succeeded, counts.dead) == (230, 230, 0)
+    # What an operator sees in the Web UI: filterable counts and a details line.
+    handle = temporal_client.get_workflow_handle(spec.job_id)
+    attrs = (await handle.describe()).typed_search_attributes
+    assert attrs.get(search_attributes.ITEMS_DONE) == 230
+    assert attrs.get(search_attributes.ITEMS_TOTAL) == 230
+    assert attrs.get(search_attributes.ITEMS_DEAD) == 0
+    assert attrs.get(search_attributes.JOB_ID) == spec.job_id
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "items 230/230 done" in metadata.current_details
 
 
 async def test_jsonl_from_disk_more_shards_than_window_parquet_out(
