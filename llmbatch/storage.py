@@ -100,23 +100,38 @@ def _split_s3(uri: str) -> tuple[str, str]:
     return parts.netloc, parts.path.lstrip("/")
 
 
+def s3_client(
+    settings: Settings,
+    *,
+    max_attempts: int = 10,
+    timeout_s: float | None = None,
+    secret_access_key: str | None = None,
+) -> S3Client:
+    """A boto3 S3 client for the configured store: path-style addressing (what
+    S3-compatible servers expect), SigV4, and botocore's ``standard`` retries."""
+    config = Config(
+        retries={"mode": "standard", "max_attempts": max_attempts},
+        s3={"addressing_style": "path"},
+        signature_version="s3v4",
+        max_pool_connections=32,
+    )
+    if timeout_s is not None:
+        config = config.merge(Config(connect_timeout=timeout_s, read_timeout=timeout_s))
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        aws_access_key_id=settings.s3_access_key_id.get_secret_value(),
+        aws_secret_access_key=secret_access_key or settings.s3_secret_access_key.get_secret_value(),
+        config=config,
+    )
+
+
 class S3Store:
     """S3 through boto3, with the ``standard`` retry mode for throttling and 5xx."""
 
     def __init__(self, settings: Settings) -> None:
-        self._client: S3Client = boto3.client(
-            "s3",
-            endpoint_url=settings.s3_endpoint_url,
-            region_name=settings.s3_region,
-            aws_access_key_id=settings.s3_access_key_id.get_secret_value(),
-            aws_secret_access_key=settings.s3_secret_access_key.get_secret_value(),
-            config=Config(
-                retries={"mode": "standard", "max_attempts": 10},
-                s3={"addressing_style": "path"},
-                signature_version="s3v4",
-                max_pool_connections=32,
-            ),
-        )
+        self._client = s3_client(settings)
 
     def _permanent(self, exc: ClientError, uri: str) -> Exception:
         code = exc.response.get("Error", {}).get("Code", "")

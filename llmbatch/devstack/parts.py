@@ -471,25 +471,10 @@ class SeaweedPart(Part):
         return known >= len(local)
 
     def _bucket_answers(self) -> bool:
-        import boto3
-        from botocore.config import Config
+        from llmbatch.storage import s3_client
 
-        s = self.settings
-        client = boto3.client(
-            "s3",
-            endpoint_url=s.s3_endpoint_url,
-            region_name=s.s3_region,
-            aws_access_key_id=s.s3_access_key_id.get_secret_value(),
-            aws_secret_access_key=s.s3_secret_access_key.get_secret_value(),
-            config=Config(
-                s3={"addressing_style": "path"},
-                signature_version="s3v4",
-                retries={"max_attempts": 1},
-                connect_timeout=_PROBE_TIMEOUT_S,
-                read_timeout=_PROBE_TIMEOUT_S,
-            ),
-        )
-        client.head_bucket(Bucket=s.s3_bucket)
+        client = s3_client(self.settings, max_attempts=1, timeout_s=_PROBE_TIMEOUT_S)
+        client.head_bucket(Bucket=self.settings.s3_bucket)
         return True
 
     def stop(self) -> None:

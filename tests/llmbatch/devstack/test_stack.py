@@ -20,15 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import boto3
 import psutil
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
-from llmbatch import search_attributes
+from llmbatch import search_attributes, storage
 from llmbatch.config import Settings
 from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, DevStackError, StackStatus
@@ -68,14 +66,7 @@ def http_status(url: str) -> int:
 
 
 def s3(settings: Settings, *, secret: str | None = None) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        region_name=settings.s3_region,
-        aws_access_key_id=settings.s3_access_key_id.get_secret_value(),
-        aws_secret_access_key=secret or settings.s3_secret_access_key.get_secret_value(),
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
-    )
+    return storage.s3_client(settings, max_attempts=1, secret_access_key=secret)
 
 
 async def custom_search_attributes(settings: Settings) -> set[str]:
