@@ -25,7 +25,6 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import settings_env, wait_for_pollers
-from workers.cpu import cpu_worker
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +51,11 @@ async def until_done(pool: ledger.asyncpg.Pool, job_id: str, items: int) -> None
 
 
 async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
-    stack: Settings, temporal_client: Client, tiny_model_path: Path, tmp_path: Path
+    workers: Settings, temporal_client: Client, tiny_model_path: Path, tmp_path: Path
 ) -> None:
+    # The session's in-process CPU worker runs the workflows; the GPU work goes to the
+    # worker processes below (the in-process GPU worker serves another model's queue).
+    stack = workers
     # A model path of its own gives this test a GPU queue no in-process worker polls.
     model = str(shutil.copytree(tiny_model_path, tmp_path / "tiny-kill"))
     queue = stack.gpu_task_queue(model)
@@ -73,17 +75,16 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
     first = gpu_worker_process(stack, model, tmp_path / "gpu-1.log")
     second: subprocess.Popen[bytes] | None = None
     try:
-        async with cpu_worker(stack, client=temporal_client):
-            await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=300)
-            handle, _ = await start_job(temporal_client, spec, settings=stack)
-            # Not on a shard boundary: shards are mid-way when the kill comes.
-            await until_done(pool, spec.job_id, ROWS // 4)
-            os.killpg(first.pid, signal.SIGKILL)
-            killed_at = time.monotonic()
-            done_at_kill = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
-            second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
-            summary = await asyncio.wait_for(handle.result(), 600)
-            resumed_after = time.monotonic() - killed_at
+        await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=300)
+        handle, _ = await start_job(temporal_client, spec, settings=stack)
+        # Not on a shard boundary: shards are mid-way when the kill comes.
+        await until_done(pool, spec.job_id, ROWS // 4)
+        os.killpg(first.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        done_at_kill = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
+        second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
+        summary = await asyncio.wait_for(handle.result(), 600)
+        resumed_after = time.monotonic() - killed_at
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
