@@ -34,7 +34,7 @@ def demo(
         status = DevStack(settings).up()
     except DevStackError as exc:
         raise fail(str(exc)) from None
-    out.print(status.describe() if hasattr(status, "describe") else status)
+    out.print(status.describe(), markup=False, highlight=False)
     if model is None:
         from llmbatch.tiny_model import build_tiny_model
 
