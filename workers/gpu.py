@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 
+import psutil
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -120,4 +121,18 @@ async def run_gpu_worker(
 
 
 def main(settings: Settings, options: EngineOptions, **kwargs: int | None) -> None:
-    sys.exit(asyncio.run(run_gpu_worker(settings, options, **kwargs)))  # type: ignore[arg-type]
+    try:
+        code = asyncio.run(run_gpu_worker(settings, options, **kwargs))  # type: ignore[arg-type]
+    finally:
+        _kill_engine_processes()
+    sys.exit(code)
+
+
+def _kill_engine_processes() -> None:
+    """After an engine death its worker processes can outlive it, holding the memory
+    the restarted worker needs; nothing of this process may survive it."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=10)

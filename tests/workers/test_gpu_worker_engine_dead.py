@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
 import uuid
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import wait_for_pollers
-from tests.workers.test_gpu_worker_killed import gpu_worker_process, until_done
+from tests.workers.test_gpu_worker_killed import gpu_worker_process, stop_worker, until_done
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +68,8 @@ async def test_dead_engine_exits_the_worker_and_the_job_completes(
         summary = await asyncio.wait_for(handle.result(), 600)
     finally:
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(60)
+            if proc is not None:
+                stop_worker(proc)
         await pool.close()
 
     assert code == 1, (tmp_path / "gpu-1.log").read_text()[-2000:]

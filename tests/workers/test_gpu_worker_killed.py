@@ -7,6 +7,7 @@ engine); the kill comes from outside, as a preempted machine's would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -39,6 +40,20 @@ def gpu_worker_process(settings: Settings, model: str, log: Path) -> subprocess.
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **settings_env(settings)},
             start_new_session=True,  # so the kill takes its engine process too
         )  # fmt: skip
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a worker and its whole process group, which outlives a worker that died
+    (its engine processes are in the group too)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 async def until_done(pool: ledger.asyncpg.Pool, job_id: str, items: int) -> None:
@@ -87,9 +102,8 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
         resumed_after = time.monotonic() - killed_at
     finally:
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(60)
+            if proc is not None:
+                stop_worker(proc)
     rows = await pool.fetch(
         "SELECT item_id, status, attempt FROM items WHERE job_id = $1", spec.job_id
     )
