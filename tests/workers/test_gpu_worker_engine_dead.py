@@ -21,7 +21,12 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import wait_for_pollers
-from tests.workers.test_gpu_worker_killed import gpu_worker_process, stop_worker, until_done
+from tests.workers.test_gpu_worker_killed import (
+    gpu_worker_process,
+    job_result,
+    stop_worker,
+    until_done,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +70,7 @@ async def test_dead_engine_exits_the_worker_and_the_job_completes(
 
         code = await asyncio.wait_for(asyncio.to_thread(first.wait), 120)
         second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
-        summary = await asyncio.wait_for(handle.result(), 600)
+        summary = await asyncio.wait_for(job_result(handle), 900)
     finally:
         for proc in (first, second):
             if proc is not None:

@@ -17,15 +17,18 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import settings_env, wait_for_pollers
+from llmbatch.pipeline import JobSummary
 
 pytestmark = pytest.mark.slow
 
@@ -56,13 +59,28 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
-async def until_done(pool: ledger.asyncpg.Pool, job_id: str, items: int) -> None:
-    """Poll the ledger (the only outside view of progress) until ``items`` succeeded."""
+async def until_done(
+    pool: ledger.asyncpg.Pool, job_id: str, items: int, *, in_flight: bool = False
+) -> None:
+    """Poll the ledger (the only outside view of progress) until ``items`` succeeded
+    and, with ``in_flight``, some items are claimed but not finished."""
     for _ in range(6000):
-        if (await ledger.job_counts(pool, job_id=job_id)).succeeded >= items:
+        counts = await ledger.job_counts(pool, job_id=job_id)
+        if counts.succeeded >= items and (counts.running > 0 or not in_flight):
             return
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"{job_id}: fewer than {items} items succeeded in 600 s")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{job_id}: fewer than {items} items succeeded in 300 s")
+
+
+async def job_result(handle: WorkflowHandle[Any, JobSummary]) -> JobSummary:
+    """The job's result; a long poll that times out on a loaded machine is polled again."""
+    for _ in range(20):
+        try:
+            return await handle.result()
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.DEADLINE_EXCEEDED:
+                raise
+    raise TimeoutError(f"job {handle.id} did not finish")
 
 
 async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
@@ -92,13 +110,13 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
     try:
         await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=300)
         handle, _ = await start_job(temporal_client, spec, settings=stack)
-        # Not on a shard boundary: shards are mid-way when the kill comes.
-        await until_done(pool, spec.job_id, ROWS // 4)
+        # Kill while items are claimed and unfinished, not on a shard boundary.
+        await until_done(pool, spec.job_id, ROWS // 4, in_flight=True)
         os.killpg(first.pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        done_at_kill = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
+        at_kill = await ledger.job_counts(pool, job_id=spec.job_id)
         second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
-        summary = await asyncio.wait_for(handle.result(), 600)
+        summary = await asyncio.wait_for(job_result(handle), 900)
         resumed_after = time.monotonic() - killed_at
     finally:
         for proc in (first, second):
@@ -117,12 +135,12 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
         for line in part.read_text().splitlines()
     ]
     assert len(out_ids) == ROWS and len(set(out_ids)) == ROWS
-    # Only what the killed attempts held and had not recorded is taken again: at most
-    # the shards that were running, never the items already in the ledger.
+    # Exactly what the dead worker held and had not recorded is taken again: never
+    # an item already in the ledger, never more than the shards that were running.
     reclaimed = sum(1 for r in rows if r["attempt"] > 1)
+    assert reclaimed == at_kill.running
     assert 0 < reclaimed <= 2 * SHARD
-    assert reclaimed <= ROWS - done_at_kill
     print(
-        f"killed at {done_at_kill}/{ROWS} done; {reclaimed} items claimed again; "
+        f"killed at {at_kill.succeeded}/{ROWS} done; {reclaimed} items claimed again; "
         f"job finished {resumed_after:.1f} s after the kill"
     )
