@@ -10,18 +10,25 @@ attempt that outlived its heartbeat timeout cannot overwrite a newer one.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 
 TERMINAL = ("succeeded", "dead")
 
+# Every function takes a pool, or a connection when the caller wants several calls
+# in one transaction of its own.
+Database: TypeAlias = asyncpg.Pool | asyncpg.Connection
+
 
 @dataclass(slots=True)
 class NewItem:
+    """An item to register: ``ordinal`` is its position in the input (output order)."""
+
     item_id: str
     ordinal: int
     prompt_hash: str | None
@@ -30,6 +37,8 @@ class NewItem:
 
 @dataclass(slots=True)
 class ItemResult:
+    """A successful generation; ``result`` holds text, parsed output, finish reason."""
+
     item_id: str
     result: dict[str, Any]
     prompt_tokens: int
@@ -39,6 +48,8 @@ class ItemResult:
 
 @dataclass(slots=True)
 class DeadItem:
+    """An item that can never succeed, and why."""
+
     item_id: str
     shard: int
     error_class: str
@@ -48,6 +59,8 @@ class DeadItem:
 
 @dataclass(slots=True)
 class LedgerRow:
+    """One item as the ledger has it, for writing output."""
+
     item_id: str
     ordinal: int
     status: str
@@ -56,6 +69,7 @@ class LedgerRow:
     result: dict[str, Any] | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    latency_ms: float | None
     error_class: str | None
     error_message: str | None
     finished_at: datetime | None
@@ -63,6 +77,8 @@ class LedgerRow:
 
 @dataclass(slots=True)
 class JobCounts:
+    """Items per status for a job, and the tokens spent on those that succeeded."""
+
     total: int
     pending: int
     running: int
@@ -74,6 +90,8 @@ class JobCounts:
 
 @dataclass(slots=True)
 class DeadLetter:
+    """An entry of a job's dead-letter list."""
+
     item_id: str
     shard: int
     error_class: str
@@ -81,6 +99,16 @@ class DeadLetter:
     source: str | None
     attempts: int
     created_at: datetime
+
+
+@asynccontextmanager
+async def _transaction(db: Database) -> AsyncIterator[asyncpg.Connection]:
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():  # a savepoint inside the caller's transaction
+            yield db
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -97,7 +125,7 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
 
 
 async def upsert_job(
-    pool: asyncpg.Pool, *, job_id: str, spec: dict[str, Any], model: str, output_uri: str
+    pool: Database, *, job_id: str, spec: dict[str, Any], model: str, output_uri: str
 ) -> bool:
     """Record a job once; True when this call created it."""
     status = await pool.execute(
@@ -112,7 +140,7 @@ async def upsert_job(
 
 
 async def finish_job(
-    pool: asyncpg.Pool,
+    pool: Database,
     *,
     job_id: str,
     status: str,
@@ -138,13 +166,13 @@ async def finish_job(
 
 
 async def register_items(
-    pool: asyncpg.Pool, *, job_id: str, shard: int, items: Sequence[NewItem]
+    pool: Database, *, job_id: str, shard: int, items: Sequence[NewItem]
 ) -> set[str]:
     """Insert pending rows for new items; return the ids that are already finished."""
     if not items:
         return set()
     ids = [i.item_id for i in items]
-    async with pool.acquire() as conn, conn.transaction():
+    async with _transaction(pool) as conn:
         await conn.execute(
             """
             INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source)
@@ -172,7 +200,7 @@ async def register_items(
 
 
 async def claim_items(
-    pool: asyncpg.Pool, *, job_id: str, item_ids: Sequence[str], lease_owner: str
+    pool: Database, *, job_id: str, item_ids: Sequence[str], lease_owner: str
 ) -> set[str]:
     """Take the unfinished ones of ``item_ids`` for ``lease_owner``; return those taken."""
     if not item_ids:
@@ -192,7 +220,7 @@ async def claim_items(
 
 
 async def record_results(
-    pool: asyncpg.Pool, *, job_id: str, lease_owner: str, results: Sequence[ItemResult]
+    pool: Database, *, job_id: str, lease_owner: str, results: Sequence[ItemResult]
 ) -> int:
     """Mark items succeeded where ``lease_owner`` still holds them; return rows written."""
     if not results:
@@ -220,7 +248,7 @@ async def record_results(
 
 
 async def record_dead(
-    pool: asyncpg.Pool, *, job_id: str, lease_owner: str | None, items: Sequence[DeadItem]
+    pool: Database, *, job_id: str, lease_owner: str | None, items: Sequence[DeadItem]
 ) -> int:
     """Mark items dead and list them as dead letters; return rows marked.
 
@@ -264,12 +292,12 @@ async def record_dead(
     return int(count)
 
 
-async def shard_results(pool: asyncpg.Pool, *, job_id: str, shard: int) -> list[LedgerRow]:
+async def shard_results(pool: Database, *, job_id: str, shard: int) -> list[LedgerRow]:
     """Every item of a shard, in input order."""
     rows = await pool.fetch(
         """
         SELECT item_id, ordinal, status, attempt, source, result, prompt_tokens,
-               completion_tokens, error_class, error_message, finished_at
+               completion_tokens, latency_ms, error_class, error_message, finished_at
         FROM items WHERE job_id = $1 AND shard = $2 ORDER BY ordinal, item_id
         """,
         job_id,
@@ -278,7 +306,8 @@ async def shard_results(pool: asyncpg.Pool, *, job_id: str, shard: int) -> list[
     return [LedgerRow(**dict(r)) for r in rows]
 
 
-async def job_counts(pool: asyncpg.Pool, *, job_id: str) -> JobCounts:
+async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
+    """How many of a job's items are in each status, and the tokens of those that succeeded."""
     row = await pool.fetchrow(
         """
         SELECT count(*) AS total,
@@ -296,7 +325,8 @@ async def job_counts(pool: asyncpg.Pool, *, job_id: str) -> JobCounts:
     return JobCounts(**{k: int(v) for k, v in dict(row).items()})
 
 
-async def dead_items(pool: asyncpg.Pool, *, job_id: str) -> list[DeadLetter]:
+async def dead_items(pool: Database, *, job_id: str) -> list[DeadLetter]:
+    """A job's dead letters, by shard and item id."""
     rows = await pool.fetch(
         """
         SELECT item_id, shard, error_class, error_message, source, attempts, created_at
@@ -307,21 +337,30 @@ async def dead_items(pool: asyncpg.Pool, *, job_id: str) -> list[DeadLetter]:
     return [DeadLetter(**dict(r)) for r in rows]
 
 
-async def requeue_dead(pool: asyncpg.Pool, *, job_id: str, item_ids: Sequence[str]) -> int:
-    """Make dead items pending again (dead-letter re-drive); return how many."""
-    async with pool.acquire() as conn, conn.transaction():
-        status = await conn.execute(
-            """
+async def requeue_dead(pool: Database, *, job_id: str, item_ids: Sequence[str]) -> int:
+    """Make dead items pending again (dead-letter re-drive); return how many.
+
+    The one way out of a terminal status: the error is cleared, the dead letter
+    deleted, and the attempt count kept as history.
+    """
+    if not item_ids:
+        return 0
+    count = await pool.fetchval(
+        """
+        WITH requeued AS (
             UPDATE items SET status = 'pending', lease_owner = NULL, error_class = NULL,
-                             error_message = NULL, finished_at = NULL, updated_at = now()
+                             error_message = NULL, started_at = NULL, finished_at = NULL,
+                             updated_at = now()
             WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status = 'dead'
-            """,
-            job_id,
-            list(item_ids),
+            RETURNING item_id
+        ), forgotten AS (
+            DELETE FROM dead_letters AS d USING requeued AS r
+            WHERE d.job_id = $1 AND d.item_id = r.item_id
+            RETURNING 1
         )
-        await conn.execute(
-            "DELETE FROM dead_letters WHERE job_id = $1 AND item_id = ANY($2::text[])",
-            job_id,
-            list(item_ids),
-        )
-    return int(status.rsplit(" ", 1)[1])
+        SELECT count(*) FROM requeued
+        """,
+        job_id,
+        list(item_ids),
+    )
+    return int(count)

@@ -1,13 +1,16 @@
 """Plain numbered SQL migrations (``migrations/NNNN_name.sql``), applied in order.
 
-Each file runs in its own transaction and is recorded with its sha256; running
-twice is a no-op, and an applied file whose content changed is refused. An
-advisory lock keeps two processes that start at once from racing.
+Each file runs in its own transaction and is recorded in ``schema_migrations``
+with its sha256; running twice is a no-op, and an applied file whose content
+changed is refused. A session advisory lock keeps two processes that start at
+once from racing: the second waits, then finds nothing left to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,78 +32,113 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 
 
 class MigrationError(Exception):
-    """The migrations folder and the database disagree; the message says how."""
+    """The migrations folder and the database disagree, or a migration failed."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Migration:
+    """One migration file: its number, file name, SQL and the SQL's sha256."""
+
     version: int
     name: str
     sql: str
-
-    @property
-    def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
+    checksum: str
 
 
 def load_migrations(directory: Path) -> list[Migration]:
-    """The migration files in ``directory``, checked to be numbered 1, 2, 3, …"""
+    """The migration files in ``directory``, checked to be numbered 0001, 0002, … exactly."""
     if not directory.is_dir():
         raise MigrationError(f"migrations folder {directory} does not exist")
     found: list[Migration] = []
     for path in sorted(directory.glob("*.sql")):
         match = _NAME.match(path.name)
         if match is None:
-            raise MigrationError(f"{path.name}: migration files are named NNNN_name.sql")
-        found.append(Migration(int(match.group(1)), path.name, path.read_text()))
+            raise MigrationError(
+                f"{path.name}: migration files are named NNNN_name.sql (e.g. 0002_add_index.sql)"
+            )
+        try:
+            # Universal newlines: a checkout with CRLF line ends is not a changed file.
+            sql = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise MigrationError(f"{path.name} is not UTF-8 text: {exc}") from None
+        except OSError as exc:
+            raise MigrationError(f"cannot read {path}: {exc}") from None
+        checksum = hashlib.sha256(sql.encode("utf-8")).hexdigest()
+        found.append(Migration(int(match.group(1)), path.name, sql, checksum))
+    for before, after in itertools.pairwise(found):
+        if before.version == after.version:
+            raise MigrationError(
+                f"{before.name} and {after.name} share the number {after.version:04d}; "
+                "give each migration its own number"
+            )
     for expected, migration in enumerate(found, start=1):
         if migration.version != expected:
             raise MigrationError(
                 f"{migration.name}: expected migration number {expected:04d} "
-                "(numbers start at 0001 and have no gaps or repeats)"
+                "(numbers start at 0001 and have no gaps)"
             )
     return found
 
 
 async def apply_migrations(dsn: str, directory: Path) -> list[str]:
-    """Apply what is not applied yet; return the names applied now."""
+    """Apply the migrations in ``directory`` not applied yet; return the file names applied now.
+
+    Raises :class:`MigrationError` when the files are misnamed, numbered with a gap
+    or a repeat, differ from what was applied, or when a migration fails (it is
+    rolled back; those before it stay applied). Connection errors pass through.
+    """
     migrations = load_migrations(directory)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
         try:
-            await conn.execute(_BOOKKEEPING)
-            applied = {
-                r["version"]: (r["name"], r["checksum"])
-                for r in await conn.fetch("SELECT version, name, checksum FROM schema_migrations")
-            }
-            for version, (name, _) in applied.items():
-                if version > len(migrations):
-                    raise MigrationError(
-                        f"the database has migration {name}, which is not in {directory}"
-                    )
-            done: list[str] = []
-            for migration in migrations:
-                if migration.version in applied:
-                    _, checksum = applied[migration.version]
-                    if checksum != migration.checksum:
-                        raise MigrationError(
-                            f"{migration.name} changed after it was applied; add a new "
-                            "migration instead of editing an applied one"
-                        )
-                    continue
-                async with conn.transaction():
-                    await conn.execute(migration.sql)
-                    await conn.execute(
-                        "INSERT INTO schema_migrations (version, name, checksum) "
-                        "VALUES ($1, $2, $3)",
-                        migration.version,
-                        migration.name,
-                        migration.checksum,
-                    )
-                done.append(migration.name)
-            return done
+            return await _apply_locked(conn, migrations, directory)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+            # Closing the connection releases the lock too; this only makes it prompt,
+            # and must not hide the error that got us here.
+            with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
     finally:
         await conn.close()
+
+
+async def _apply_locked(
+    conn: asyncpg.Connection, migrations: list[Migration], directory: Path
+) -> list[str]:
+    await conn.execute(_BOOKKEEPING)
+    applied = {
+        r["version"]: (r["name"], r["checksum"])
+        for r in await conn.fetch("SELECT version, name, checksum FROM schema_migrations")
+    }
+    for version, (name, _) in sorted(applied.items()):
+        if version > len(migrations):
+            raise MigrationError(
+                f"the database has migration {name}, which is not in {directory}; "
+                "is this an older checkout?"
+            )
+    done: list[str] = []
+    for migration in migrations:
+        if migration.version in applied:
+            _, checksum = applied[migration.version]
+            if checksum != migration.checksum:
+                raise MigrationError(
+                    f"{migration.name} changed after it was applied; add a new "
+                    "migration instead of editing an applied one"
+                )
+            continue
+        try:
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                    migration.version,
+                    migration.name,
+                    migration.checksum,
+                )
+        except asyncpg.PostgresError as exc:
+            message = " ".join(str(exc).split())
+            raise MigrationError(
+                f"{migration.name} failed and was rolled back: {type(exc).__name__}: {message}"
+            ) from exc
+        done.append(migration.name)
+    return done

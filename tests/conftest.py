@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "tests.fixtures.stack",
+    "tests.fixtures.postgres_db",
     "tests.fixtures.buckets",
     "tests.fixtures.model",
     "tests.fixtures.workers",

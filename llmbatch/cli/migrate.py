@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 import typer
 
@@ -16,11 +17,37 @@ def migrate_command() -> None:
     from llmbatch.migrate import MigrationError, apply_migrations
 
     settings = Settings()
+    dsn = settings.postgres_dsn.get_secret_value()
     try:
-        applied = asyncio.run(
-            apply_migrations(settings.postgres_dsn.get_secret_value(), settings.migrations_dir)
-        )
-    except (MigrationError, OSError, asyncpg.PostgresError) as exc:
-        typer.echo(f"error: migrations failed: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"applied {', '.join(applied)}" if applied else "database schema is up to date")
+        applied = asyncio.run(apply_migrations(dsn, settings.migrations_dir))
+    except MigrationError as exc:
+        raise _fail(f"migrations not applied: {exc}") from None
+    except OSError as exc:
+        # Refused, timed out, no such socket: the server is not there.
+        raise _fail(f"cannot reach Postgres at {_where(dsn)}: {exc}") from None
+    except asyncpg.PostgresError as exc:
+        # Reached, but refused: no such database, authentication, permissions.
+        raise _fail(f"Postgres at {_where(dsn)} refused: {type(exc).__name__}: {exc}") from None
+    except (asyncpg.InterfaceError, ValueError) as exc:
+        raise _fail(f"cannot use the Postgres DSN (LLMBATCH_POSTGRES_DSN): {exc}") from None
+    if applied:
+        typer.echo(f"applied {', '.join(applied)}")
+    else:
+        typer.echo("database schema is up to date")
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return typer.Exit(1)
+
+
+def _where(dsn: str) -> str:
+    """Host, port and database of a DSN, without its user or password."""
+    try:
+        parts = urlsplit(dsn)
+        host = parts.hostname or "local socket"
+        port = parts.port or 5432
+    except ValueError:
+        return "the configured DSN"
+    database = parts.path.lstrip("/") or "postgres"
+    return f"{host}:{port}/{database}"

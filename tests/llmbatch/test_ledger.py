@@ -1,119 +1,291 @@
-"""The item ledger on the session's Postgres; every test uses its own job id."""
+"""The item ledger, each test on a fresh migrated database of the session's Postgres."""
 
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest_asyncio
+import pytest
 
 from llmbatch import ledger
 
-
-@pytest_asyncio.fixture(scope="module")
-async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await ledger.create_pool(pg_dsn)
-    yield pool
-    await pool.close()
+JOB = "job-1"
 
 
-def job() -> str:
-    return f"ledger-{uuid.uuid4().hex[:8]}"
-
-
-def new(n: int) -> list[ledger.NewItem]:
-    return [ledger.NewItem(f"i{k}", k, f"h{k}", f"f.jsonl:line {k + 1}") for k in range(n)]
+def new(n: int, *, start: int = 0) -> list[ledger.NewItem]:
+    return [ledger.NewItem(f"i{k}", k, f"h{k}", f"f.jsonl:line {k + 1}") for k in range(start, n)]
 
 
 def result(item_id: str, text: str = "ok") -> ledger.ItemResult:
-    return ledger.ItemResult(item_id, {"text": text}, 3, 2, 1.5)
+    return ledger.ItemResult(item_id, {"text": text, "finish_reason": "stop"}, 3, 2, 1.5)
 
 
-async def test_register_claim_record_round_trip(pool: asyncpg.Pool) -> None:
-    j = job()
-    assert await ledger.register_items(pool, job_id=j, shard=0, items=new(3)) == set()
-    claimed = await ledger.claim_items(pool, job_id=j, item_ids=["i0", "i1", "i2"], lease_owner="a")
+def dead(item_id: str, error_class: str = "X", message: str = "x") -> ledger.DeadItem:
+    return ledger.DeadItem(item_id, 0, error_class, message, f"f.jsonl:{item_id}")
+
+
+async def statuses(pool: asyncpg.Pool, *, shard: int = 0) -> dict[str, str]:
+    return {r.item_id: r.status for r in await ledger.shard_results(pool, job_id=JOB, shard=shard)}
+
+
+async def test_a_job_is_recorded_once(ledger_pool: asyncpg.Pool) -> None:
+    spec = {"model": "tiny", "sampling": {"temperature": 0.0}}
+    assert await ledger.upsert_job(
+        ledger_pool, job_id=JOB, spec=spec, model="tiny", output_uri="s3://b/out"
+    )
+    assert not await ledger.upsert_job(
+        ledger_pool, job_id=JOB, spec={"other": 1}, model="x", output_uri="s3://b/x"
+    )
+    row = await ledger_pool.fetchrow("SELECT spec, model, status FROM jobs WHERE job_id = $1", JOB)
+    assert row is not None
+    assert (row["spec"], row["model"], row["status"]) == (spec, "tiny", "running")
+
+
+async def test_register_claim_record_round_trip(ledger_pool: asyncpg.Pool) -> None:
+    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3)) == set()
+    claimed = await ledger.claim_items(
+        ledger_pool, job_id=JOB, item_ids=["i0", "i1", "i2"], lease_owner="a"
+    )
     assert claimed == {"i0", "i1", "i2"}
-    assert await ledger.record_results(pool, job_id=j, lease_owner="a", results=[result("i0")]) == 1
-    dead = ledger.DeadItem("i1", 0, "PromptTooLong", "too long", "f.jsonl:line 2")
-    assert await ledger.record_dead(pool, job_id=j, lease_owner="a", items=[dead]) == 1
+    written = await ledger.record_results(
+        ledger_pool, job_id=JOB, lease_owner="a", results=[result("i0")]
+    )
+    assert written == 1
+    too_long = dead("i1", "PromptTooLong", "too long")
+    assert await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner="a", items=[too_long]) == 1
 
-    rows = await ledger.shard_results(pool, job_id=j, shard=0)
-    assert [(r.item_id, r.status) for r in rows] == [
-        ("i0", "succeeded"),
-        ("i1", "dead"),
-        ("i2", "running"),
+    rows = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
+    assert [(r.item_id, r.status, r.attempt) for r in rows] == [
+        ("i0", "succeeded", 1),
+        ("i1", "dead", 1),
+        ("i2", "running", 1),
     ]
-    assert rows[0].result == {"text": "ok"} and rows[0].prompt_tokens == 3
-    counts = await ledger.job_counts(pool, job_id=j)
-    assert (counts.total, counts.succeeded, counts.dead, counts.running) == (4 - 1, 1, 1, 1)
-    letters = await ledger.dead_items(pool, job_id=j)
-    assert [(d.item_id, d.error_class, d.attempts) for d in letters] == [("i1", "PromptTooLong", 1)]
+    assert rows[0].result == {"text": "ok", "finish_reason": "stop"}
+    assert (rows[0].prompt_tokens, rows[0].completion_tokens, rows[0].latency_ms) == (3, 2, 1.5)
+    assert rows[0].finished_at is not None
+    assert (rows[1].error_class, rows[1].error_message) == ("PromptTooLong", "too long")
+    assert rows[2].result is None
+
+    counts = await ledger.job_counts(ledger_pool, job_id=JOB)
+    assert counts == ledger.JobCounts(
+        total=3, pending=0, running=1, succeeded=1, dead=1, prompt_tokens=3, completion_tokens=2
+    )
+    letters = await ledger.dead_items(ledger_pool, job_id=JOB)
+    assert [(d.item_id, d.shard, d.error_class, d.attempts, d.source) for d in letters] == [
+        ("i1", 0, "PromptTooLong", 1, "f.jsonl:i1")
+    ]
 
 
-async def test_a_finished_item_is_never_claimed_or_rewritten(pool: asyncpg.Pool) -> None:
-    j = job()
-    await ledger.register_items(pool, job_id=j, shard=0, items=new(2))
-    await ledger.claim_items(pool, job_id=j, item_ids=["i0", "i1"], lease_owner="a")
-    await ledger.record_results(pool, job_id=j, lease_owner="a", results=[result("i0", "first")])
+async def test_shard_rows_keep_input_order(ledger_pool: asyncpg.Pool) -> None:
+    # Ordinals, not ids, give the order: "i10" sorts before "i2" as text.
+    items = [ledger.NewItem(f"i{k}", k, None, f"line {k}") for k in (10, 2, 1)]
+    items += [ledger.NewItem("other-shard", 0, None, "x")]
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=3, items=items[:3])
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=4, items=items[3:])
+    rows = await ledger.shard_results(ledger_pool, job_id=JOB, shard=3)
+    assert [r.item_id for r in rows] == ["i1", "i2", "i10"]
+    assert [r.status for r in rows] == ["pending"] * 3
 
-    # A re-run of the shard: registering again reports i0 as done; claiming skips it.
-    assert await ledger.register_items(pool, job_id=j, shard=0, items=new(2)) == {"i0"}
-    assert await ledger.claim_items(pool, job_id=j, item_ids=["i0", "i1"], lease_owner="b") == {
-        "i1"
+
+async def test_a_finished_item_is_never_claimed_or_rewritten(ledger_pool: asyncpg.Pool) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3))
+    await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0", "i1"], lease_owner="a")
+    await ledger.record_results(
+        ledger_pool, job_id=JOB, lease_owner="a", results=[result("i0", "first")]
+    )
+    await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner="a", items=[dead("i1")])
+
+    # A re-run of the shard: registering again reports both as done; claiming skips them.
+    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3)) == {
+        "i0",
+        "i1",
     }
+    claimed = await ledger.claim_items(
+        ledger_pool, job_id=JOB, item_ids=["i0", "i1", "i2"], lease_owner="b"
+    )
+    assert claimed == {"i2"}
+    # Not even an owner holding the lease on paper can change a finished item.
+    for owner in ("a", "b"):
+        assert (
+            await ledger.record_results(
+                ledger_pool, job_id=JOB, lease_owner=owner, results=[result("i0", "x")]
+            )
+            == 0
+        )
+        assert (
+            await ledger.record_results(
+                ledger_pool, job_id=JOB, lease_owner=owner, results=[result("i1", "x")]
+            )
+            == 0
+        )
+        assert (
+            await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner=owner, items=[dead("i0")])
+            == 0
+        )
     assert (
-        await ledger.record_results(pool, job_id=j, lease_owner="b", results=[result("i0", "x")])
+        await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner=None, items=[dead("i0")]) == 0
+    )
+
+    rows = {r.item_id: r for r in await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)}
+    assert (rows["i0"].status, rows["i0"].result, rows["i0"].attempt) == (
+        "succeeded",
+        {"text": "first", "finish_reason": "stop"},
+        1,
+    )
+    assert (rows["i1"].status, rows["i1"].result, rows["i1"].attempt) == ("dead", None, 1)
+    assert [d.item_id for d in await ledger.dead_items(ledger_pool, job_id=JOB)] == ["i1"]
+
+
+async def test_a_stale_attempt_cannot_overwrite_a_newer_one(ledger_pool: asyncpg.Pool) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(2))
+    await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0", "i1"], lease_owner="old")
+    # The old attempt stalls past its heartbeat timeout; a new attempt takes the items.
+    await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0", "i1"], lease_owner="new")
+
+    late = await ledger.record_results(
+        ledger_pool, job_id=JOB, lease_owner="old", results=[result("i0", "stale")]
+    )
+    assert late == 0
+    assert (
+        await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner="old", items=[dead("i1")])
         == 0
     )
-    dead = ledger.DeadItem("i0", 0, "X", "x", None)
-    assert await ledger.record_dead(pool, job_id=j, lease_owner=None, items=[dead]) == 0
-    rows = await ledger.shard_results(pool, job_id=j, shard=0)
-    assert rows[0].status == "succeeded" and rows[0].result == {"text": "first"}
+    assert await statuses(ledger_pool) == {"i0": "running", "i1": "running"}
+    assert await ledger.dead_items(ledger_pool, job_id=JOB) == []
+
+    fresh = [result("i0", "new"), result("i1", "new")]
+    assert (
+        await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="new", results=fresh) == 2
+    )
+    # The zombie wakes up once more after the new attempt finished: still nothing.
+    assert (
+        await ledger.record_results(
+            ledger_pool, job_id=JOB, lease_owner="old", results=[result("i0", "stale")]
+        )
+        == 0
+    )
+    rows = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
+    assert [(r.status, r.result, r.attempt) for r in rows] == [
+        ("succeeded", {"text": "new", "finish_reason": "stop"}, 2)
+    ] * 2
 
 
-async def test_a_stale_attempt_cannot_overwrite_a_newer_one(pool: asyncpg.Pool) -> None:
-    j = job()
-    await ledger.register_items(pool, job_id=j, shard=0, items=new(1))
-    await ledger.claim_items(pool, job_id=j, item_ids=["i0"], lease_owner="old")
-    # The old attempt stalls past its heartbeat timeout; a new attempt takes the item.
-    await ledger.claim_items(pool, job_id=j, item_ids=["i0"], lease_owner="new")
-
-    late = await ledger.record_results(pool, job_id=j, lease_owner="old", results=[result("i0")])
-    assert late == 0
-    dead = ledger.DeadItem("i0", 0, "X", "late", None)
-    assert await ledger.record_dead(pool, job_id=j, lease_owner="old", items=[dead]) == 0
-    fresh = [result("i0", "new")]
-    assert await ledger.record_results(pool, job_id=j, lease_owner="new", results=fresh) == 1
-    (row,) = await ledger.shard_results(pool, job_id=j, shard=0)
-    assert (row.status, row.result, row.attempt) == ("succeeded", {"text": "new"}, 2)
+async def test_a_batch_writes_only_the_rows_its_owner_holds(ledger_pool: asyncpg.Pool) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(4))
+    await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0", "i1"], lease_owner="a")
+    await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i2"], lease_owner="b")
+    batch = [result(f"i{k}") for k in range(4)]
+    assert await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="a", results=batch) == 2
+    assert await statuses(ledger_pool) == {
+        "i0": "succeeded",
+        "i1": "succeeded",
+        "i2": "running",
+        "i3": "pending",  # never claimed: no result lands without a lease
+    }
 
 
-async def test_requeue_brings_a_dead_item_back(pool: asyncpg.Pool) -> None:
-    j = job()
-    await ledger.register_items(pool, job_id=j, shard=0, items=new(1))
-    dead = ledger.DeadItem("i0", 0, "TemplateError", "missing field", "f:line 1")
-    assert await ledger.record_dead(pool, job_id=j, lease_owner=None, items=[dead]) == 1
-    assert await ledger.requeue_dead(pool, job_id=j, item_ids=["i0"]) == 1
-    assert await ledger.dead_items(pool, job_id=j) == []
-    assert await ledger.claim_items(pool, job_id=j, item_ids=["i0"], lease_owner="c") == {"i0"}
+async def test_an_unclaimed_item_can_be_dead_lettered(ledger_pool: asyncpg.Pool) -> None:
+    # A row that fails to render never reaches generation, so nobody claims it.
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(2))
+    bad = dead("i0", "TemplateError", "missing field 'q'")
+    assert await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner=None, items=[bad]) == 1
+    (letter,) = await ledger.dead_items(ledger_pool, job_id=JOB)
+    assert (letter.item_id, letter.error_class, letter.error_message, letter.attempts) == (
+        "i0",
+        "TemplateError",
+        "missing field 'q'",
+        0,
+    )
+    assert await statuses(ledger_pool) == {"i0": "dead", "i1": "pending"}
 
 
-async def test_batches_of_ten_thousand(pool: asyncpg.Pool) -> None:
-    j = job()
-    items = new(10_000)
+async def test_requeue_brings_a_dead_item_back(ledger_pool: asyncpg.Pool) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3))
+    await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0", "i1"], lease_owner="a")
+    await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner="a", items=[dead("i0")])
+    await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="a", results=[result("i1")])
+
+    # Only the dead one moves; a succeeded or pending item is not "re-driven".
+    assert await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=["i0", "i1", "i2"]) == 1
+    assert await ledger.dead_items(ledger_pool, job_id=JOB) == []
+    (row, *_) = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
+    assert (row.status, row.error_class, row.error_message, row.attempt) == (
+        "pending",
+        None,
+        None,
+        1,
+    )
+    assert await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=["i0"]) == 0
+
+    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3)) == {"i1"}
+    claimed = await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0"], lease_owner="c")
+    assert claimed == {"i0"}
+    assert (
+        await ledger.record_results(
+            ledger_pool, job_id=JOB, lease_owner="c", results=[result("i0")]
+        )
+        == 1
+    )
+    (row, *_) = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
+    assert (row.status, row.attempt) == ("succeeded", 2)
+
+
+async def test_jobs_do_not_see_each_other(ledger_pool: asyncpg.Pool) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(2))
+    await ledger.register_items(ledger_pool, job_id="job-2", shard=0, items=new(2))
+    await ledger.claim_items(ledger_pool, job_id="job-2", item_ids=["i0"], lease_owner="a")
+    await ledger.record_results(
+        ledger_pool, job_id="job-2", lease_owner="a", results=[result("i0")]
+    )
+    assert await statuses(ledger_pool) == {"i0": "pending", "i1": "pending"}
+    assert (await ledger.job_counts(ledger_pool, job_id="job-2")).succeeded == 1
+
+
+async def test_calls_join_a_callers_transaction(ledger_pool: asyncpg.Pool) -> None:
+    async with ledger_pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await ledger.register_items(conn, job_id=JOB, shard=0, items=new(2))
+        assert await ledger.claim_items(conn, job_id=JOB, item_ids=["i0"], lease_owner="a") == {
+            "i0"
+        }
+        await tx.rollback()
+    assert (await ledger.job_counts(ledger_pool, job_id=JOB)).total == 0
+
+
+async def test_empty_batches_are_no_ops(ledger_pool: asyncpg.Pool) -> None:
+    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=[]) == set()
+    assert await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=[], lease_owner="a") == set()
+    assert await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="a", results=[]) == 0
+    assert await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner=None, items=[]) == 0
+    assert await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=[]) == 0
+    assert await ledger.job_counts(ledger_pool, job_id=JOB) == ledger.JobCounts(0, 0, 0, 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("batch", [256, 10_000])
+async def test_ten_thousand_items(ledger_pool: asyncpg.Pool, batch: int) -> None:
+    n = 10_000
+    items = new(n)
     ids = [i.item_id for i in items]
     started = time.perf_counter()
-    await ledger.register_items(pool, job_id=j, shard=0, items=items)
-    await ledger.claim_items(pool, job_id=j, item_ids=ids, lease_owner="a")
-    for k in range(0, 10_000, 256):
-        batch = [result(i) for i in ids[k : k + 256]]
-        assert await ledger.record_results(pool, job_id=j, lease_owner="a", results=batch) == len(
-            batch
+    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=items) == set()
+    registered = time.perf_counter()
+    claimed = await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=ids, lease_owner="a")
+    assert len(claimed) == n
+    claimed_at = time.perf_counter()
+    for k in range(0, n, batch):
+        results = [result(i) for i in ids[k : k + batch]]
+        written = await ledger.record_results(
+            ledger_pool, job_id=JOB, lease_owner="a", results=results
         )
-    elapsed = time.perf_counter() - started
-    print(f"10,000 items registered, claimed and recorded in {elapsed:.2f} s")
-    counts = await ledger.job_counts(pool, job_id=j)
-    assert counts.succeeded == 10_000 and counts.prompt_tokens == 30_000
+        assert written == len(results)
+    done = time.perf_counter()
+    print(
+        f"\n{n:,} items, results in batches of {batch:,}: register {registered - started:.2f} s, "
+        f"claim {claimed_at - registered:.2f} s, record {done - claimed_at:.2f} s, "
+        f"total {done - started:.2f} s"
+    )
+    counts = await ledger.job_counts(ledger_pool, job_id=JOB)
+    assert (counts.succeeded, counts.prompt_tokens, counts.completion_tokens) == (n, 3 * n, 2 * n)
+    # A re-run of the whole shard finds everything done in one call.
+    assert len(await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=items)) == n
