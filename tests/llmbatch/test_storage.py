@@ -1,62 +1,369 @@
-"""The object store interface on the real S3 server and on the local disk."""
+"""The object store interface on the real S3 server (SeaweedFS) and on the local disk."""
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import SecretStr
 
 from llmbatch import storage
 from llmbatch.config import Settings
+from llmbatch.devstack.process import free_port
+from llmbatch.storage import InputNotFound, LocalStore, S3Store, StorageError
+
+# --- S3 -----------------------------------------------------------------------------
 
 
-def test_s3_listing_ranges_and_deletes(stack: Settings, bucket: str) -> None:
-    store = storage.open_store(f"s3://{bucket}", stack)
-    for key in ("in/a.jsonl", "in/b.jsonl", "in/c.csv", "other/d.jsonl"):
-        store.put_bytes(f"s3://{bucket}/{key}", b"0123456789")
-
-    globbed = store.list(f"s3://{bucket}/in/*.jsonl")
-    assert [o.uri for o in globbed] == [f"s3://{bucket}/in/a.jsonl", f"s3://{bucket}/in/b.jsonl"]
-    assert len(store.list(f"s3://{bucket}/in/")) == 3
-    assert len(store.list(f"s3://{bucket}/in")) == 3  # a folder without the slash
-    assert store.read_range(f"s3://{bucket}/in/a.jsonl", 2, 5) == b"234"
-    assert store.open_read(f"s3://{bucket}/in/c.csv").read() == b"0123456789"
-    assert store.delete_prefix(f"s3://{bucket}/in/") == 3
-    assert not store.exists(f"s3://{bucket}/in/a.jsonl")
+@pytest.fixture
+def s3(storage_settings: Settings) -> storage.ObjectStore:
+    return storage.open_store("s3://any", storage_settings)
 
 
-def test_s3_missing_input_names_the_uri(stack: Settings, bucket: str) -> None:
-    store = storage.open_store(f"s3://{bucket}", stack)
-    with pytest.raises(storage.InputNotFound, match=f"s3://{bucket}/nothing/"):
-        store.list(f"s3://{bucket}/nothing/*.csv")
-    with pytest.raises(storage.InputNotFound):
-        store.read_bytes(f"s3://{bucket}/absent.jsonl")
+def put_keys(store: storage.ObjectStore, bucket: str, *keys: str) -> None:
+    for key in keys:
+        store.put_bytes(f"s3://{bucket}/{key}", key.encode())
 
 
-def test_local_paths_globs_and_file_uris(tmp_path: Path) -> None:
-    store = storage.LocalStore()
-    (tmp_path / "d").mkdir()
-    for name in ("a.jsonl", "b.jsonl", "c.csv"):
-        (tmp_path / "d" / name).write_bytes(b"abc")
-    assert [o.uri for o in store.list(str(tmp_path / "d" / "*.jsonl"))] == [
-        str(tmp_path / "d" / "a.jsonl"),
-        str(tmp_path / "d" / "b.jsonl"),
+def uris(infos: list[storage.ObjectInfo]) -> list[str]:
+    return [o.uri for o in infos]
+
+
+def test_open_store_dispatches_by_scheme(storage_settings: Settings) -> None:
+    assert isinstance(storage.open_store("s3://b/k", storage_settings), S3Store)
+    assert isinstance(storage.open_store("S3://b/k", storage_settings), S3Store)
+    for uri in ("file:///tmp/x", "/tmp/x", "rel/x.csv", "x.csv"):
+        assert isinstance(storage.open_store(uri, storage_settings), LocalStore)
+    with pytest.raises(StorageError, match="unsupported URI scheme 'gs'"):
+        storage.open_store("gs://b/k", storage_settings)
+
+
+def test_s3_globs_stay_within_a_folder_unless_double_star(
+    s3: storage.ObjectStore, bucket: str
+) -> None:
+    put_keys(s3, bucket, "in/b.jsonl", "in/a.jsonl", "in/c.csv", "in/sub/d.jsonl", "x.jsonl")
+    base = f"s3://{bucket}"
+    assert uris(s3.list(f"{base}/in/*.jsonl")) == [f"{base}/in/a.jsonl", f"{base}/in/b.jsonl"]
+    assert uris(s3.list(f"{base}/in/**/*.jsonl")) == [
+        f"{base}/in/a.jsonl",
+        f"{base}/in/b.jsonl",
+        f"{base}/in/sub/d.jsonl",
     ]
-    listed = store.list(f"file://{tmp_path / 'd'}")
-    assert listed[0].uri == f"file://{tmp_path / 'd' / 'a.jsonl'}"
-    with pytest.raises(storage.InputNotFound):
-        store.list(str(tmp_path / "nope.csv"))
+    assert uris(s3.list(f"{base}/in/[ab].*")) == [f"{base}/in/a.jsonl", f"{base}/in/b.jsonl"]
+    assert uris(s3.list(f"{base}/in/?.csv")) == [f"{base}/in/c.csv"]
+    assert uris(s3.list(f"{base}/*.jsonl")) == [f"{base}/x.jsonl"]
+    assert s3.list(f"{base}/in/a.jsonl") == [storage.ObjectInfo(f"{base}/in/a.jsonl", 10)]
+
+
+def test_s3_folders_list_everything_below_except_hidden(
+    s3: storage.ObjectStore, bucket: str
+) -> None:
+    put_keys(
+        s3, bucket,
+        "in/a.jsonl", "in/sub/b.jsonl", "in/_SUCCESS", "in/.tmp/x", "in/_staging/y", "inside.csv",
+    )  # fmt: skip
+    base = f"s3://{bucket}"
+    expected = [f"{base}/in/a.jsonl", f"{base}/in/sub/b.jsonl"]
+    assert uris(s3.list(f"{base}/in/")) == expected
+    assert uris(s3.list(f"{base}/in")) == expected  # a folder named without its slash
+    assert [o.size for o in s3.list(f"{base}/in/")] == [len("in/a.jsonl"), len("in/sub/b.jsonl")]
+    assert len(s3.list(base)) == 3  # the whole bucket
+    # Hidden files are only skipped under a folder: asked for by name, they are there.
+    assert uris(s3.list(f"{base}/in/_SUCCESS")) == [f"{base}/in/_SUCCESS"]
+
+
+def test_s3_nothing_found_names_the_uri(s3: storage.ObjectStore, bucket: str) -> None:
+    put_keys(s3, bucket, "in/a.jsonl")
+    for uri in (f"s3://{bucket}/in/*.csv", f"s3://{bucket}/nothing/", f"s3://{bucket}/in/a"):
+        with pytest.raises(InputNotFound, match=uri.replace("*", r"\*")):
+            s3.list(uri)
+    with pytest.raises(storage.BucketNotFound, match="there is no bucket 'no-such-bucket-x'"):
+        s3.list("s3://no-such-bucket-x/data/")
+    with pytest.raises(storage.BucketNotFound):
+        s3.list("s3://no-such-bucket-x/data/*.csv")
+    missing = f"s3://{bucket}/absent.jsonl"
+    for call in (s3.size, s3.read_bytes, s3.open_read):
+        with pytest.raises(InputNotFound, match=missing):
+            call(missing)
+    with pytest.raises(InputNotFound):
+        s3.read_range(missing, 0, 10)
+    assert not s3.exists(missing)
+
+
+def test_s3_bad_uris_are_permanent_errors(s3: storage.ObjectStore, bucket: str) -> None:
+    with pytest.raises(StorageError, match="names a bucket, not an object"):
+        s3.put_bytes(f"s3://{bucket}", b"x")
+    with pytest.raises(StorageError, match="not an s3://bucket/key URI"):
+        s3.size("s3:///key")
+
+
+def test_s3_wrong_credentials_are_permanent(
+    storage_settings: Settings, bucket: str, tmp_path: Path
+) -> None:
+    wrong = storage_settings.model_copy(update={"s3_secret_access_key": SecretStr("wrong")})
+    store = S3Store(wrong)
+    source = tmp_path / "f.txt"
+    source.write_bytes(b"x")
+    calls = [
+        lambda: store.list(f"s3://{bucket}/in/"),
+        lambda: store.read_bytes(f"s3://{bucket}/k"),
+        lambda: store.put_bytes(f"s3://{bucket}/k", b"x"),
+        lambda: store.put_file(f"s3://{bucket}/k", source),
+    ]
+    for call in calls:
+        with pytest.raises(StorageError) as info:
+            call()
+        assert not isinstance(info.value, InputNotFound)
+        assert "SignatureDoesNotMatch" in str(info.value) or "AccessDenied" in str(info.value)
+
+
+def test_s3_transient_errors_propagate_unchanged(storage_settings: Settings) -> None:
+    # Nothing listens on this port: a connection error is not a StorageError, so the
+    # activity fails retryably and Temporal tries again.
+    dead = storage_settings.model_copy(
+        update={"s3_endpoint_url": f"http://127.0.0.1:{free_port()}"}
+    )
+    store = S3Store(dead, client=storage.s3_client(dead, max_attempts=1))
+    with pytest.raises(BotoCoreError) as info:
+        store.read_bytes("s3://b/k")
+    assert not isinstance(info.value, StorageError)
+
+
+def test_s3_ranges_and_streaming_reads(s3: storage.ObjectStore, bucket: str) -> None:
+    uri = f"s3://{bucket}/r.bin"
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    s3.put_bytes(uri, data)
+    assert s3.size(uri) == len(data)
+    assert s3.read_range(uri, 2, 5) == data[2:5]
+    assert s3.read_range(uri, 10_000, 20_000) == data[10_000:]  # cut at the end
+    assert s3.read_range(uri, 20_000, 20_010) == b""  # past the end
+    assert s3.read_range(uri, 5, 5) == b""
+    with s3.open_read(uri) as reader:
+        assert reader.read(100) == data[:100]
+        assert reader.read() == data[100:]
+    with s3.open_read(uri, start=1000, end=3000) as reader:
+        parts = iter(lambda: reader.read(333), b"")
+        assert b"".join(parts) == data[1000:3000]
+    with s3.open_read(uri, start=20_000) as reader:
+        assert reader.read() == b""
+
+
+def drop_connection(reader: object) -> None:
+    """Fault injector: close the HTTP response under a streaming S3 reader, as a
+    dropped connection would; the next read of the body then comes up short."""
+    raw = reader.raw  # type: ignore[attr-defined]
+    raw._body.close()
+
+
+def test_s3_streaming_read_resumes_after_a_dropped_connection(
+    s3: storage.ObjectStore, bucket: str
+) -> None:
+    uri = f"s3://{bucket}/big.bin"
+    data = os.urandom(3 << 20)
+    s3.put_bytes(uri, data)
+    with s3.open_read(uri, start=100, end=(3 << 20) - 100) as reader:
+        first = reader.read(1 << 20)
+        drop_connection(reader)
+        rest = reader.read()
+        assert reader.raw._resumes == 1  # type: ignore[attr-defined]
+    assert first + rest == data[100:-100]
+
+
+def test_s3_streaming_read_refuses_an_object_replaced_midway(
+    s3: storage.ObjectStore, bucket: str
+) -> None:
+    uri = f"s3://{bucket}/big.bin"
+    s3.put_bytes(uri, os.urandom(3 << 20))
+    with s3.open_read(uri) as reader:
+        reader.read(1 << 20)
+        s3.put_bytes(uri, os.urandom(3 << 20))
+        drop_connection(reader)
+        with pytest.raises(StorageError, match="changed while it was being read"):
+            reader.read()
+
+
+def test_s3_put_file_multipart_and_replace(
+    s3: storage.ObjectStore, bucket: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "big.bin"
+    data = os.urandom(9 << 20)  # over boto3's 8 MiB multipart threshold
+    source.write_bytes(data)
+    uri = f"s3://{bucket}/up/big.bin"
+    s3.put_file(uri, source)
+    assert s3.size(uri) == len(data)
+    assert s3.read_bytes(uri) == data
+    s3.put_bytes(uri, b"small")
+    assert s3.read_bytes(uri) == b"small"
+
+
+def test_s3_delete_prefix_deletes_a_folder_and_nothing_beside_it(
+    s3: storage.ObjectStore, bucket: str
+) -> None:
+    put_keys(s3, bucket, "out/a", "out/sub/b", "output/c", "out")
+    base = f"s3://{bucket}"
+    assert s3.delete_prefix(f"{base}/out") == 3  # the object "out" and all under "out/"
+    assert uris(s3.list(base)) == [f"{base}/output/c"]
+    assert s3.delete_prefix(f"{base}/out/") == 0
+    put_keys(s3, bucket, *(f"many/{i:04d}" for i in range(1005)))  # over one request's 1000
+    assert s3.delete_prefix(f"{base}/many/") == 1005
+    assert not s3.exists(f"{base}/many/0000")
+    with pytest.raises(StorageError, match="refusing to delete everything"):
+        s3.delete_prefix(f"{base}/")
+
+
+# --- local disk ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    for name in ("d/b.jsonl", "d/a.jsonl", "d/c.csv", "d/sub/e.jsonl", "d/_SUCCESS", "d/.x.tmp"):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(name.encode())
+    return tmp_path
+
+
+def test_local_globs_folders_and_file_uris(tree: Path) -> None:
+    store = LocalStore()
+    d = tree / "d"
+    assert uris(store.list(str(d / "*.jsonl"))) == [str(d / "a.jsonl"), str(d / "b.jsonl")]
+    assert uris(store.list(str(d / "**" / "*.jsonl"))) == [
+        str(d / "a.jsonl"),
+        str(d / "b.jsonl"),
+        str(d / "sub" / "e.jsonl"),
+    ]
+    folder = [str(d / n) for n in ("a.jsonl", "b.jsonl", "c.csv", "sub/e.jsonl")]
+    assert uris(store.list(str(d))) == folder
+    assert uris(store.list(f"{d}/")) == folder
+    assert uris(store.list(f"file://{d}")) == [f"file://{p}" for p in folder]
+    assert uris(store.list(f"file://{d}/*.csv")) == [f"file://{d}/c.csv"]
+    assert uris(store.list(f"file://localhost{d}/c.csv")) == [f"file://{d}/c.csv"]
+    assert store.list(str(d / "c.csv")) == [storage.ObjectInfo(str(d / "c.csv"), len("d/c.csv"))]
+
+
+def test_local_relative_paths_stay_relative(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tree)
+    store = LocalStore()
+    assert uris(store.list("d/*.csv")) == ["d/c.csv"]
+    assert store.read_bytes("d/c.csv") == b"d/c.csv"
+
+
+def test_local_missing_and_bad_inputs(tree: Path) -> None:
+    store = LocalStore()
+    with pytest.raises(InputNotFound, match=re.escape(f"{tree}/nope.csv does not exist")):
+        store.list(str(tree / "nope.csv"))
+    with pytest.raises(InputNotFound, match=r"no files match .*\*\.parquet"):
+        store.list(str(tree / "d" / "*.parquet"))
+    with pytest.raises(InputNotFound):
+        store.read_bytes(str(tree / "nope.csv"))
+    with pytest.raises(StorageError, match="is a directory"):
+        store.size(str(tree / "d"))
+    with pytest.raises(StorageError, match="file URIs name no host"):
+        store.list("file://somehost/data.csv")
+    assert not store.exists(str(tree / "d"))
+    assert store.exists(f"file://{tree}/d/c.csv")
+
+
+def test_local_ranges_and_streaming_reads(tmp_path: Path) -> None:
+    store = LocalStore()
+    data = bytes(range(256)) * 40
+    uri = f"file://{tmp_path}/r.bin"
+    store.put_bytes(uri, data)
+    assert store.size(uri) == len(data)
+    assert store.read_range(uri, 2, 5) == data[2:5]
+    assert store.read_range(uri, 10_000, 20_000) == data[10_000:]
+    assert store.read_range(uri, 20_000, 20_010) == b""
+    with store.open_read(uri, start=1000, end=3000) as reader:
+        assert b"".join(iter(lambda: reader.read(333), b"")) == data[1000:3000]
+    with store.open_read(uri, start=10_000) as reader:
+        assert reader.read() == data[10_000:]
 
 
 def test_local_writes_replace_atomically(tmp_path: Path) -> None:
-    store = storage.LocalStore()
+    store = LocalStore()
     target = f"file://{tmp_path}/out/part-00000.jsonl"
     store.put_bytes(target, b"first")
     store.put_bytes(target, b"second")
     assert store.read_bytes(target) == b"second"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["part-00000.jsonl"]
+    mode = stat.S_IMODE((tmp_path / "out" / "part-00000.jsonl").stat().st_mode)
+    assert mode & 0o044 == 0o044  # readable like any written file, not mkstemp's 0600
+
+    # A write that fails midway leaves the old object whole and no temporary file.
+    with pytest.raises(StorageError, match="is a directory"):
+        store.put_file(target, tmp_path / "out")
+    assert store.read_bytes(target) == b"second"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["part-00000.jsonl"]
+
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"from a file")
+    store.put_file(target, source)
+    assert store.read_bytes(target) == b"from a file"
 
 
-def test_unknown_scheme_is_refused(stack: Settings) -> None:
-    with pytest.raises(storage.StorageError, match="unsupported URI scheme 'gs'"):
-        storage.open_store("gs://b/k", stack)
+def test_local_delete_prefix(tree: Path) -> None:
+    store = LocalStore()
+    (tree / "dd").mkdir()
+    (tree / "dd" / "keep").write_bytes(b"x")
+    assert store.delete_prefix(str(tree / "d")) == 6  # hidden files go too
+    assert not (tree / "d").exists()
+    assert (tree / "dd" / "keep").exists()
+    assert store.delete_prefix(str(tree / "d")) == 0
+    assert store.delete_prefix(f"file://{tree}/dd/keep") == 1
+
+
+# --- URIs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("base", "parts", "joined"),
+    [
+        ("s3://b", ("out", "job-1"), "s3://b/out/job-1"),
+        ("s3://b/out/", ("job-1/", "/part-00000.jsonl"), "s3://b/out/job-1/part-00000.jsonl"),
+        ("file:///", ("tmp", "x"), "file:///tmp/x"),
+        ("file:///data/", ("x",), "file:///data/x"),
+        ("/", ("tmp", "x"), "/tmp/x"),
+        ("out", ("a/b",), "out/a/b"),
+        ("", ("a",), "a"),
+        ("s3://b/k", (), "s3://b/k"),
+    ],
+)
+def test_join(base: str, parts: tuple[str, ...], joined: str) -> None:
+    assert storage.join(base, *parts) == joined
+
+
+def test_join_refuses_parent_parts() -> None:
+    with pytest.raises(StorageError):
+        storage.join("/data", "../etc")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches", "misses"),
+    [
+        ("in/*.jsonl", ["in/a.jsonl", "in/.jsonl"], ["in/sub/a.jsonl", "in/a.jsonl.gz"]),
+        ("in/**/*.csv", ["in/a.csv", "in/x/y/a.csv"], ["other/a.csv"]),
+        ("in/**", ["in/a", "in/x/y"], ["inx/a"]),
+        ("p-?.pq", ["p-1.pq"], ["p-10.pq"]),
+        ("p-[0-2].pq", ["p-1.pq"], ["p-3.pq"]),
+        ("p-[!0-2].pq", ["p-3.pq"], ["p-1.pq"]),
+        ("a+b(1).csv", ["a+b(1).csv"], ["aab(1).csv"]),
+    ],
+)
+def test_glob_regex(pattern: str, matches: list[str], misses: list[str]) -> None:
+    regex = storage.glob_regex(pattern)
+    assert all(regex.match(m) for m in matches)
+    assert not any(regex.match(m) for m in misses)
+
+
+def test_client_errors_map_to_permanent_or_transient() -> None:
+    def error(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "m"}}, "GetObject")
+
+    assert isinstance(storage._permanent(error("NoSuchKey"), "s3://b/k"), InputNotFound)
+    assert isinstance(storage._permanent(error("AccessDenied"), "s3://b/k"), StorageError)
+    for code in ("SlowDown", "InternalError", "503", "RequestTimeout"):
+        assert storage._permanent(error(code), "s3://b/k").__class__ is ClientError

@@ -1,0 +1,55 @@
+"""Input formats: telling them apart, splitting inputs into shards, reading shards, and
+writing output files.
+
+- :mod:`~llmbatch.formats.detection`: :func:`detect_format` (JSONL, CSV, Parquet,
+  OpenAI batch JSONL).
+- :mod:`~llmbatch.formats.shards`: :func:`plan_shards` and :class:`ShardPlan`; streams
+  JSONL and CSV once (bounded memory), Parquet from its footer.
+- :mod:`~llmbatch.formats.readers`: :func:`read_shard` yields :class:`SourceRow`; bad
+  rows come back with an error and their line, never raise.
+- :mod:`~llmbatch.formats.writers`: output JSONL/Parquet and staged JSONL records.
+"""
+
+from llmbatch.contracts import InputFormat
+from llmbatch.formats.detection import FormatError, csv_delimiter, detect_format
+from llmbatch.formats.readers import (
+    INVALID_ROW,
+    MAX_ROW_BYTES,
+    ROW_TOO_LARGE,
+    InputChanged,
+    SourceRow,
+    field_names,
+    read_shard,
+)
+from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, plan_shards
+from llmbatch.formats.writers import (
+    dump_jsonl_records,
+    load_jsonl_records,
+    read_jsonl_bytes,
+    read_parquet_bytes,
+    write_jsonl,
+    write_parquet,
+)
+
+__all__ = [
+    "CHUNK_BYTES",
+    "INVALID_ROW",
+    "MAX_ROW_BYTES",
+    "ROW_TOO_LARGE",
+    "FormatError",
+    "InputChanged",
+    "InputFormat",
+    "ShardPlan",
+    "SourceRow",
+    "csv_delimiter",
+    "detect_format",
+    "dump_jsonl_records",
+    "field_names",
+    "load_jsonl_records",
+    "plan_shards",
+    "read_jsonl_bytes",
+    "read_parquet_bytes",
+    "read_shard",
+    "write_jsonl",
+    "write_parquet",
+]

@@ -1,0 +1,106 @@
+"""Output files (JSONL, Parquet) and the JSONL records staged between a shard's steps."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel
+
+from llmbatch.formats.parquet import jsonable
+
+# Parquet schema metadata naming the columns stored as JSON text.
+JSON_COLUMNS_KEY = b"llmbatch.json_columns"
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable).encode()
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    # Split on "\n" only: JSON escapes every other control character inside strings.
+    for line in data.split(b"\n"):
+        if line.strip():
+            yield line
+
+
+def write_jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
+    """Rows as JSONL: UTF-8, one compact object a line, every line ending in ``\\n``."""
+    return b"".join(_dumps(row) + b"\n" for row in rows)
+
+
+def read_jsonl_bytes(data: bytes) -> Iterator[dict[str, Any]]:
+    """The objects of a JSONL file written by :func:`write_jsonl` (blank lines skipped)."""
+    for line in _lines(data):
+        yield json.loads(line)
+
+
+def dump_jsonl_records(records: Iterable[BaseModel | dict[str, Any]]) -> bytes:
+    """Staged records (models or dicts) as JSONL, one a line."""
+    return b"".join(
+        (r.model_dump_json().encode() if isinstance(r, BaseModel) else _dumps(r)) + b"\n"
+        for r in records
+    )
+
+
+def load_jsonl_records(data: bytes) -> Iterator[dict[str, Any]]:
+    """The records of :func:`dump_jsonl_records`'s output, as dicts."""
+    return read_jsonl_bytes(data)
+
+
+def _json_column(values: list[Any]) -> bool:
+    """Whether a column must be stored as JSON text: it holds nested values, or values
+    of kinds Arrow cannot put in one column (numbers count as one kind)."""
+    kinds = set()
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, dict | list | tuple):
+            return True
+        kinds.add("number" if isinstance(v, int | float) and not isinstance(v, bool) else type(v))
+    return len(kinds) > 1
+
+
+def write_parquet(rows: list[dict[str, Any]]) -> bytes:
+    """Rows as one Parquet file. Columns are the union of the rows' keys, in the order
+    first seen (a row without a key holds null there). Columns with nested values
+    (dicts, lists) or mixed kinds are stored as JSON text and named in the schema
+    metadata, so :func:`read_parquet_bytes` gives back the values written; other
+    tools see strings."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    columns: dict[str, list[Any]] = {}
+    as_json = []
+    for name in names:
+        values = [row.get(name) for row in rows]
+        if _json_column(values):
+            as_json.append(name)
+            values = [None if v is None else _dumps(v).decode() for v in values]
+        columns[name] = values
+    table = pa.table(columns) if columns else pa.table({})
+    table = table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(as_json).encode()})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def read_parquet_bytes(data: bytes) -> Iterator[dict[str, Any]]:
+    """The rows of a Parquet file; the columns :func:`write_parquet` stored as JSON text
+    come back as the values written."""
+    table = pq.read_table(io.BytesIO(data))
+    metadata = table.schema.metadata or {}
+    raw = metadata.get(JSON_COLUMNS_KEY, b"[]")
+    try:
+        as_json = json.loads(raw)
+    except ValueError:  # an older file: a comma-separated list
+        as_json = [c for c in raw.decode().split(",") if c]
+    for row in table.to_pylist():
+        for column in as_json:
+            if isinstance(row.get(column), str):
+                row[column] = json.loads(row[column])
+        yield row
