@@ -1,25 +1,40 @@
 """The vLLM engine adapter: one in-process ``AsyncLLM`` per worker process.
 
-The only module that imports vLLM (workflows never import it). Requests go in as
-token ids rendered through the model's chat template, so a prompt too long for the
-context is caught here as a per-item error instead of failing the shard.
+The only module that imports vLLM (workflows never import it). Chat messages are
+rendered through the model's own chat template and tokenized here, so the engine
+gets token ids and a prompt too long for the context is caught before submission
+as a per-item error instead of failing the shard.
+
+Error contract of :meth:`Engine.generate`:
+
+- a permanent problem with one item comes back as a :class:`GenerationResult` with
+  ``error_class`` set (``InvalidPrompt``, ``PromptTooLong``, ``InvalidRequest``,
+  ``InvalidStructuredOutput``); the caller dead-letters the item and goes on;
+- ``EngineDeadError`` propagates: the engine is gone and the process must restart;
+- anything else unexpected propagates too (a retry may succeed);
+- cancelling the awaiting task aborts the request inside the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterable
-from typing import Any
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable
+from dataclasses import dataclass
+from typing import Any, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
+from vllm.inputs import tokens_input
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from llmbatch.contracts import SamplingSpec
 
@@ -29,13 +44,35 @@ __all__ = [
     "EngineOptions",
     "GenerationRequest",
     "GenerationResult",
+    "RequestAbortedError",
     "sampling_params",
 ]
 
 log = logging.getLogger(__name__)
 
+# Error classes of per-item (permanent) failures; they name the dead-letter reason.
+INVALID_PROMPT = "InvalidPrompt"
+PROMPT_TOO_LONG = "PromptTooLong"
+INVALID_REQUEST = "InvalidRequest"
+INVALID_STRUCTURED_OUTPUT = "InvalidStructuredOutput"
 
-def _on_cpu() -> bool:
+# What vLLM uses on CPU when the caller does not say (see EngineOptions).
+CPU_DTYPE = "float32"
+CPU_MEMORY_SHARE = 0.3
+
+# Distinct sampling specs whose vLLM params (and JSON schema validator) are kept.
+PREPARED_CACHE_SIZE = 256
+
+
+class RequestAbortedError(RuntimeError):
+    """vLLM ended a request as aborted or errored though we did not cancel it.
+
+    Not the item's fault, so it is raised (the activity retries) rather than
+    returned as a dead item."""
+
+
+def on_cpu() -> bool:
+    """True when vLLM runs on its CPU platform (no GPU)."""
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
@@ -44,24 +81,32 @@ def _on_cpu() -> bool:
 class EngineOptions(BaseModel):
     """Engine settings passed through to vLLM; ``None`` keeps vLLM's default.
 
-    Without a GPU the defaults change to what vLLM's CPU build needs: float32,
-    eager mode, and 30% of RAM for the KV cache (``gpu_memory_utilization`` is a
-    share of RAM there).
+    On vLLM's CPU platform (``vllm.platforms.current_platform.is_cpu()``) the
+    defaults are what the CPU build needs: dtype ``float32`` when ``auto``, eager
+    mode always (no CUDA graphs there), and ``gpu_memory_utilization`` 0.3 when
+    neither it nor ``kv_cache_memory_bytes`` is given; on CPU it is the share of RAM
+    the engine's worker may use, the KV cache getting what the model leaves of it.
     """
 
-    model: str
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
     dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
     enable_prefix_caching: bool | None = None
     quantization: str | None = None
-    gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, ge=1, description="KV cache size; sizes it instead of the memory share."
+    )
     enforce_eager: bool = False
     seed: int = 0
 
     def to_engine_args(self) -> AsyncEngineArgs:
+        """vLLM's engine arguments: the options that are set, plus the CPU defaults."""
         values: dict[str, Any] = {
             "model": self.model,
             "dtype": self.dtype,
@@ -69,8 +114,9 @@ class EngineOptions(BaseModel):
             "pipeline_parallel_size": self.pipeline_parallel_size,
             "enforce_eager": self.enforce_eager,
             "seed": self.seed,
+            # Per-interval stat logging is noise in a worker's log; metrics come from us.
             "disable_log_stats": True,
-            # Compact JSON: fewer tokens, and no model can stall in an endless indent.
+            # Compact JSON: fewer tokens, and no model can stall in endless whitespace.
             "structured_outputs_config": StructuredOutputsConfig(
                 backend="xgrammar", disable_any_whitespace=True
             ),
@@ -81,33 +127,46 @@ class EngineOptions(BaseModel):
             "enable_prefix_caching",
             "quantization",
             "gpu_memory_utilization",
+            "kv_cache_memory_bytes",
         ):
             value = getattr(self, name)
             if value is not None:
                 values[name] = value
-        if _on_cpu():
+        if on_cpu():
             if self.dtype == "auto":
-                values["dtype"] = "float32"
+                values["dtype"] = CPU_DTYPE
             values["enforce_eager"] = True
-            values.setdefault("gpu_memory_utilization", 0.3)
+            if self.kv_cache_memory_bytes is None:
+                values.setdefault("gpu_memory_utilization", CPU_MEMORY_SHARE)
         return AsyncEngineArgs(**values)
 
 
 class GenerationRequest(BaseModel):
-    request_id: str
-    messages: list[dict[str, str]] | None = None
+    """One request: chat ``messages`` (rendered with the model's chat template) or a
+    raw ``prompt``, never both. ``request_id`` must be unique among in-flight requests."""
+
+    request_id: str = Field(min_length=1)
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
     prompt: str | None = None
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
 
+    @model_validator(mode="after")
+    def _messages_or_prompt(self) -> Self:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give exactly one of messages and prompt")
+        return self
+
 
 class GenerationResult(BaseModel):
+    """The outcome of one request; ``error_class`` is None on success."""
+
     request_id: str
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" | "length" (vLLM's finish reasons)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_ms: float = 0.0
-    parsed: Any = None
+    parsed: Any = None  # json_schema requests: the parsed, schema-valid object
     error_class: str | None = None
     error_message: str | None = None
 
@@ -133,6 +192,29 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """What one distinct SamplingSpec needs, built once (most jobs have one spec)."""
+
+    params: SamplingParams
+    validator: Any = None  # jsonschema validator for json_schema specs
+    schema_error: str | None = None  # the spec's schema is not a valid JSON schema
+
+
+def _prepare(spec: SamplingSpec) -> _Prepared:
+    params = sampling_params(spec)
+    if spec.json_schema is None:
+        return _Prepared(params)
+    from jsonschema import exceptions, validators  # a vLLM dependency
+
+    cls = validators.validator_for(spec.json_schema)
+    try:
+        cls.check_schema(spec.json_schema)
+    except exceptions.SchemaError as exc:
+        return _Prepared(params, schema_error=f"json_schema is not a valid JSON schema: {exc}")
+    return _Prepared(params, validator=cls(spec.json_schema))
+
+
 class Engine:
     """One vLLM engine, shared by every ``generate`` activity of the worker process."""
 
@@ -140,71 +222,127 @@ class Engine:
         self._llm = llm
         self._tokenizer = tokenizer
         self.options = options
-        self.max_model_len: int = llm.model_config.max_model_len
         self.max_num_seqs: int = llm.vllm_config.scheduler_config.max_num_seqs
-        # Sampling params are built once per distinct spec: most jobs have one.
-        self._params: dict[str, SamplingParams] = {}
+        self._max_model_len: int = llm.model_config.max_model_len
+        # Bounded: OpenAI batch rows may each bring their own sampling (seed, max_tokens).
+        self._prepared: OrderedDict[str, _Prepared] = OrderedDict()
+        self._closed = False
 
     @classmethod
     async def start(cls, options: EngineOptions) -> Engine:
-        """Build the engine and load the model (paid once per process)."""
-        from transformers import AutoTokenizer
+        """Build the engine and load the model (paid once per process).
 
+        Blocks the event loop while the model loads (vLLM builds the engine
+        synchronously); call it before serving anything. The calling script needs an
+        ``if __name__ == "__main__":`` guard: vLLM starts its engine core in a
+        spawned process.
+        """
+        started = time.perf_counter()
         llm = AsyncLLM.from_engine_args(options.to_engine_args())
-        tokenizer = AutoTokenizer.from_pretrained(options.model)
-        return cls(llm, tokenizer, options)
+        # vLLM's own tokenizer: the prompt we count is exactly the prompt it runs.
+        engine = cls(llm, llm.get_tokenizer(), options)
+        log.info(
+            "vLLM engine for %s ready in %.1f s (max_model_len %d, max_num_seqs %d)",
+            options.model,
+            time.perf_counter() - started,
+            engine.max_model_len,
+            engine.max_num_seqs,
+        )
+        return engine
+
+    @property
+    def max_model_len(self) -> int:
+        """The context length in tokens (prompt plus generated)."""
+        return self._max_model_len
 
     @property
     def default_max_in_flight(self) -> int:
         """Requests kept in flight per activity: enough to keep the scheduler's queue full."""
         return 2 * self.max_num_seqs
 
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests the engine holds right now (all callers together)."""
+        return int(self._llm.get_num_unfinished_requests())
+
     def shutdown(self) -> None:
-        self._llm.shutdown()
+        """Stop the engine and its processes. Safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._llm.shutdown()
 
-    def _sampling(self, spec: SamplingSpec) -> SamplingParams:
+    def _prepare(self, spec: SamplingSpec) -> _Prepared:
         key = spec.model_dump_json()
-        params = self._params.get(key)
-        if params is None:
-            params = self._params[key] = sampling_params(spec)
-        return params
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepared[key] = _prepare(spec)
+            if len(self._prepared) > PREPARED_CACHE_SIZE:
+                self._prepared.popitem(last=False)
+        else:
+            self._prepared.move_to_end(key)
+        return prepared
 
-    def _token_ids(self, request: GenerationRequest) -> list[int]:
+    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        """The token ids the engine runs for ``request`` (chat template applied)."""
         if request.messages is not None:
-            ids = self._tokenizer.apply_chat_template(
-                request.messages, add_generation_prompt=True, tokenize=True
+            text = self._tokenizer.apply_chat_template(
+                request.messages, add_generation_prompt=True, tokenize=False
             )
-            # transformers 5 returns a BatchEncoding-like mapping; 4.x a list.
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            # The template writes the special tokens (BOS and all) itself.
+            return list(self._tokenizer.encode(text, add_special_tokens=False))
         return list(self._tokenizer.encode(request.prompt or ""))
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate one request. Per-item failures come back as ``error_class``; a dead
-        engine raises ``EngineDeadError``; cancellation aborts the request in vLLM."""
+        """Generate one request; see the module docstring for the error contract.
+
+        A prompt is too long when it leaves no room for one generated token
+        (``prompt_tokens >= max_model_len``, vLLM's own rule). A prompt that fits but
+        leaves less than ``max_tokens`` room still runs: generation stops at the end
+        of the context with finish reason ``length``.
+        """
         started = time.perf_counter()
+        prepared = self._prepare(request.sampling)
+        if prepared.schema_error is not None:
+            return _failed(request, INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
         try:
-            ids = self._token_ids(request)
-        except Exception as exc:
-            return _failed(request, "InvalidPrompt", f"cannot apply the chat template: {exc}")
+            ids = self.prompt_token_ids(request)
+        except Exception as exc:  # a template that cannot render these messages
+            return _failed(request, INVALID_PROMPT, f"cannot render the prompt: {exc}")
+        if not ids:
+            return _failed(request, INVALID_PROMPT, "the prompt is empty")
         if len(ids) >= self.max_model_len:
             return _failed(
                 request,
-                "PromptTooLong",
-                f"prompt has {len(ids)} tokens; the model's context is {self.max_model_len}",
+                PROMPT_TOO_LONG,
+                f"prompt has {len(ids)} tokens; the model's context of {self.max_model_len} "
+                "tokens leaves no room to generate",
+                prompt_tokens=len(ids),
             )
         final = None
         try:
             async for output in self._llm.generate(
-                {"prompt_token_ids": ids}, self._sampling(request.sampling), request.request_id
+                tokens_input(ids), prepared.params, request.request_id
             ):
                 final = output
-        except EngineDeadError:
+        except asyncio.CancelledError:
+            # vLLM aborts on cancellation too, but not if we are cancelled between
+            # submission and its first await; aborting an unknown id is a no-op.
+            await _abort_quietly(self._llm, request.request_id)
             raise
-        except ValueError as exc:  # vLLM's request validation
-            return _failed(request, "InvalidRequest", str(exc))
+        except VLLMClientError as exc:  # vLLM's validation of this request
+            return _rejected(request, exc, prompt_tokens=len(ids))
+        except EngineGenerateError as exc:
+            # vLLM wraps plain ValueErrors of its request validation in this.
+            if isinstance(exc.__cause__, ValueError | TypeError):
+                return _rejected(request, exc.__cause__, prompt_tokens=len(ids))
+            raise
         if final is None or not final.outputs:
-            return _failed(request, "EmptyOutput", "the engine returned no output")
+            raise RequestAbortedError(f"request {request.request_id}: the engine returned nothing")
         completion = final.outputs[0]
+        if completion.finish_reason not in ("stop", "length"):
+            raise RequestAbortedError(
+                f"request {request.request_id} ended with {completion.finish_reason!r}"
+            )
         result = GenerationResult(
             request_id=request.request_id,
             text=completion.text,
@@ -213,25 +351,30 @@ class Engine:
             completion_tokens=len(completion.token_ids),
             latency_ms=(time.perf_counter() - started) * 1000.0,
         )
-        if request.sampling.json_schema is not None:
-            try:
-                result.parsed = json.loads(completion.text)
-            except ValueError as exc:
-                result.error_class = "InvalidStructuredOutput"
-                result.error_message = (
-                    f"output is not valid JSON ({exc}; finish reason {completion.finish_reason})"
-                )
+        _check_structured(result, request.sampling, prepared)
         return result
 
     async def generate_many(
-        self, requests: Iterable[GenerationRequest], *, max_in_flight: int
+        self,
+        requests: AsyncIterable[GenerationRequest] | Iterable[GenerationRequest],
+        *,
+        max_in_flight: int,
     ) -> AsyncGenerator[GenerationResult, None]:
-        """Results as they finish, with at most ``max_in_flight`` requests in the engine.
+        """Results in completion order, with at most ``max_in_flight`` requests in the
+        engine or waiting to be taken; ``requests`` is read lazily, so memory stays
+        bounded whatever its length.
 
-        Closing the iterator early (or cancelling its consumer) aborts what is in flight.
+        An exception (``EngineDeadError``, the source's own) ends the iteration. Close
+        the iterator (``contextlib.aclosing``) when stopping early: closing, like
+        cancelling the consumer inside it, aborts every request still in flight.
         """
-        done: asyncio.Queue[GenerationResult | BaseException] = asyncio.Queue()
-        pending: set[asyncio.Task[None]] = set()
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        # A slot is freed when the consumer takes a result, not when the engine
+        # finishes it, so a slow consumer also bounds what piles up in ``done``.
+        slots = asyncio.Semaphore(max_in_flight)
+        done: asyncio.Queue[GenerationResult | BaseException | _End] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
 
         async def run(request: GenerationRequest) -> None:
             try:
@@ -241,37 +384,115 @@ class Engine:
             except BaseException as exc:  # EngineDeadError and the unexpected
                 done.put_nowait(exc)
 
-        source = iter(requests)
-        exhausted = False
-        # Every task hands back exactly one item, so counting (not the task set, whose
-        # done-callbacks run late) says when everything is in.
-        submitted = received = 0
+        def submit(request: GenerationRequest) -> None:
+            task = asyncio.create_task(run(request), name=f"generate {request.request_id}")
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+        async def feed() -> None:
+            count = 0
+            try:
+                if isinstance(requests, AsyncIterable):
+                    async for request in requests:
+                        await slots.acquire()
+                        submit(request)
+                        count += 1
+                else:
+                    for request in requests:
+                        await slots.acquire()
+                        submit(request)
+                        count += 1
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # the source failed
+                done.put_nowait(exc)
+            done.put_nowait(_End(count))
+
+        feeder = asyncio.create_task(feed(), name="generate_many feeder")
+        total: int | None = None
+        received = 0
         try:
-            while True:
-                while not exhausted and submitted - received < max_in_flight:
-                    request = next(source, None)
-                    if request is None:
-                        exhausted = True
-                        break
-                    task = asyncio.create_task(run(request))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                    submitted += 1
-                if received == submitted:
-                    return
+            while total is None or received < total:
                 item = await done.get()
-                received += 1
+                if isinstance(item, _End):
+                    total = item.count
+                    continue
                 if isinstance(item, BaseException):
                     raise item
+                received += 1
+                slots.release()
                 yield item
         finally:
-            for task in pending:
+            feeder.cancel()
+            for task in running:
                 task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            # Wait for the aborts, so the engine is free when we return.
+            await asyncio.gather(feeder, *running, return_exceptions=True)
 
 
-def _failed(request: GenerationRequest, error_class: str, message: str) -> GenerationResult:
+@dataclass(frozen=True, slots=True)
+class _End:
+    count: int
+
+
+async def _abort_quietly(llm: AsyncLLM, request_id: str) -> None:
+    # Shielded: a second cancel must not stop the abort half-way.
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.shield(llm.abort(request_id))
+
+
+def _check_structured(result: GenerationResult, spec: SamplingSpec, prepared: _Prepared) -> None:
+    """Parse json_schema output into ``parsed``; mark output that breaks its constraint."""
+    cut = (
+        f" (cut off at max_tokens={spec.max_tokens} or the context end; raise max_tokens)"
+        if result.finish_reason == "length"
+        else ""
+    )
+    if spec.json_schema is not None:
+        try:
+            parsed = json.loads(result.text)
+        except ValueError as exc:
+            result.error_class = INVALID_STRUCTURED_OUTPUT
+            result.error_message = f"output is not valid JSON: {exc}{cut}"
+            return
+        error = next(iter(prepared.validator.iter_errors(parsed)), None)
+        if error is not None:
+            result.error_class = INVALID_STRUCTURED_OUTPUT
+            result.error_message = f"output does not match json_schema: {error.message}{cut}"
+            return
+        result.parsed = parsed
+    elif spec.choice is not None and result.text not in spec.choice:
+        result.error_class = INVALID_STRUCTURED_OUTPUT
+        result.error_message = f"output {result.text[:100]!r} is not one of choice{cut}"
+
+
+def _rejected(
+    request: GenerationRequest, exc: BaseException, *, prompt_tokens: int
+) -> GenerationResult:
+    message = str(exc)
+    if "maximum model length" in message:
+        error_class = PROMPT_TOO_LONG
+    elif _constrained(request.sampling) and any(w in message.lower() for w in _STRUCTURED_WORDS):
+        # A schema, regex or choice list the structured-output backend refuses.
+        error_class = INVALID_STRUCTURED_OUTPUT
+    else:
+        error_class = INVALID_REQUEST
+    return _failed(request, error_class, message, prompt_tokens=prompt_tokens)
+
+
+_STRUCTURED_WORDS = ("structured", "grammar", "schema", "json", "regex", "choice")
+
+
+def _constrained(spec: SamplingSpec) -> bool:
+    return spec.choice is not None or spec.json_schema is not None or spec.regex is not None
+
+
+def _failed(
+    request: GenerationRequest, error_class: str, message: str, *, prompt_tokens: int = 0
+) -> GenerationResult:
     return GenerationResult(
-        request_id=request.request_id, error_class=error_class, error_message=message
+        request_id=request.request_id,
+        prompt_tokens=prompt_tokens,
+        error_class=error_class,
+        error_message=message,
     )

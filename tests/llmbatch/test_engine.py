@@ -1,86 +1,314 @@
-"""The vLLM engine adapter on vLLM's CPU build with the tiny model."""
+"""The vLLM engine adapter, on vLLM's CPU build with the tiny model."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import json
 import time
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
+from pydantic import ValidationError
+from vllm.sampling_params import RequestOutputKind
 
 from llmbatch.contracts import SamplingSpec
-from llmbatch.engine import Engine, GenerationRequest
-
-pytestmark = pytest.mark.slow
+from llmbatch.engine import (
+    Engine,
+    EngineOptions,
+    GenerationRequest,
+    GenerationResult,
+    on_cpu,
+    sampling_params,
+)
+from tests.fixtures.model import MAX_MODEL_LEN
 
 CHOICES = ["Healthcare", "Retail", "Other"]
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"enum": ["a", "b"]}},
+    "required": ["label"],
+}
+
+_ids = itertools.count()
 
 
-def chat(i: int, text: str, sampling: SamplingSpec) -> GenerationRequest:
+def chat(text: str, sampling: SamplingSpec | None = None) -> GenerationRequest:
     return GenerationRequest(
-        request_id=f"t-{time.monotonic_ns()}-{i}",
+        request_id=f"test-{next(_ids)}",
         messages=[{"role": "user", "content": text}],
-        sampling=sampling,
+        sampling=sampling or SamplingSpec(max_tokens=8),
     )
 
 
-async def collect(engine: Engine, requests: list[GenerationRequest], in_flight: int = 64) -> list:
-    return [r async for r in engine.generate_many(requests, max_in_flight=in_flight)]
+async def collect(
+    engine: Engine, requests: list[GenerationRequest], *, max_in_flight: int = 64
+) -> list[GenerationResult]:
+    return [r async for r in engine.generate_many(requests, max_in_flight=max_in_flight)]
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    # Polling: the engine's request count has no event to wait on.
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+
+# -- options and mapping (no engine needed) ------------------------------------------
+
+
+def test_engine_args_pass_only_what_is_set() -> None:
+    args = EngineOptions(model="m", max_num_seqs=8, enable_prefix_caching=False).to_engine_args()
+    assert (args.model, args.max_num_seqs, args.enable_prefix_caching) == ("m", 8, False)
+    unset = EngineOptions(model="m").to_engine_args()
+    # vLLM's own defaults stay when an option is not given.
+    defaults = type(unset)(model="m")
+    assert (unset.max_model_len, unset.max_num_seqs, unset.quantization) == (
+        defaults.max_model_len,
+        defaults.max_num_seqs,
+        defaults.quantization,
+    )
+    assert unset.structured_outputs_config.backend == "xgrammar"
+
+
+def test_cpu_defaults_apply_only_on_cpu() -> None:
+    assert on_cpu()  # these machines have no GPU
+    args = EngineOptions(model="m").to_engine_args()
+    assert (args.dtype, args.enforce_eager, args.gpu_memory_utilization) == ("float32", True, 0.3)
+    chosen = EngineOptions(
+        model="m", dtype="bfloat16", gpu_memory_utilization=0.1, kv_cache_memory_bytes=1 << 30
+    ).to_engine_args()
+    assert (chosen.dtype, chosen.gpu_memory_utilization) == ("bfloat16", 0.1)
+    assert chosen.kv_cache_memory_bytes == 1 << 30
+
+
+def test_options_refuse_unknown_keys() -> None:
+    with pytest.raises(ValidationError):
+        EngineOptions.model_validate({"model": "m", "max_num_seq": 4})
+
+
+def test_sampling_params_map_the_spec() -> None:
+    plain = sampling_params(SamplingSpec(temperature=0.7, top_p=0.9, max_tokens=5, stop=["\n"]))
+    assert (plain.temperature, plain.top_p, plain.max_tokens, plain.stop) == (0.7, 0.9, 5, ["\n"])
+    assert plain.structured_outputs is None
+    assert plain.output_kind == RequestOutputKind.FINAL_ONLY
+    assert sampling_params(SamplingSpec(seed=3)).seed == 3
+    choice = sampling_params(SamplingSpec(choice=CHOICES)).structured_outputs
+    assert choice is not None and choice.choice == CHOICES
+    schema = sampling_params(SamplingSpec(json_schema=LABEL_SCHEMA)).structured_outputs
+    assert schema is not None and schema.json == LABEL_SCHEMA
+    regex = sampling_params(SamplingSpec(regex=r"\d+")).structured_outputs
+    assert regex is not None and regex.regex == r"\d+"
+
+
+def test_a_request_has_messages_or_a_prompt() -> None:
+    with pytest.raises(ValidationError):
+        GenerationRequest(request_id="x")
+    with pytest.raises(ValidationError):
+        GenerationRequest(request_id="x", prompt="p", messages=[{"role": "user", "content": "c"}])
+
+
+# -- generation -------------------------------------------------------------------------
 
 
 async def test_chat_generates_text_and_counts_tokens(engine: Engine) -> None:
-    result = await engine.generate(chat(0, "Say hello.", SamplingSpec(max_tokens=5)))
-    assert result.error_class is None
-    assert result.prompt_tokens > 0 and 0 < result.completion_tokens <= 5
-    assert result.finish_reason in ("stop", "length")
+    request = chat("Say hello.", SamplingSpec(max_tokens=5))
+    result = await engine.generate(request)
+    assert result.error_class is None and result.error_message is None
+    assert result.request_id == request.request_id
+    assert result.text.strip()
+    assert result.prompt_tokens == len(engine.prompt_token_ids(request))
+    assert (result.completion_tokens, result.finish_reason) == (5, "length")
+    assert result.latency_ms > 0
+    # Greedy decoding is repeatable.
+    again = await engine.generate(chat("Say hello.", SamplingSpec(max_tokens=5)))
+    assert again.text == result.text
 
 
-async def test_choice_constraint_holds_for_every_answer(engine: Engine) -> None:
-    sampling = SamplingSpec(choice=CHOICES, temperature=1.0, seed=3, max_tokens=8)
-    requests = [chat(i, f"Company number {i}", sampling) for i in range(50)]
+async def test_a_raw_prompt_is_generated_without_the_chat_template(engine: Engine) -> None:
+    request = GenerationRequest(
+        request_id="raw-prompt", prompt="The quick brown", sampling=SamplingSpec(max_tokens=3)
+    )
+    assert "<|user|>" not in str(engine.prompt_token_ids(request))
+    result = await engine.generate(request)
+    assert result.error_class is None and result.completion_tokens == 3
+    assert result.prompt_tokens == len(engine.prompt_token_ids(request)) < 6
+
+
+async def test_a_stop_string_ends_generation(engine: Engine) -> None:
+    free = await engine.generate(chat("Say hello.", SamplingSpec(max_tokens=6)))
+    stop = free.text.strip()[-3:]
+    stopped = await engine.generate(chat("Say hello.", SamplingSpec(max_tokens=6, stop=[stop])))
+    assert stopped.finish_reason == "stop"
+    assert stop not in stopped.text and len(stopped.text) < len(free.text)
+
+
+async def test_choice_answers_come_from_the_list(engine: Engine) -> None:
+    requests = [
+        chat(f"Company number {i}", SamplingSpec(choice=CHOICES, temperature=1.0, seed=i))
+        for i in range(50)
+    ]
     results = await collect(engine, requests)
-    assert len(results) == 50
-    assert all(r.text in CHOICES and r.error_class is None for r in results)
-    assert len({r.request_id for r in results}) == 50
+    assert sorted(r.request_id for r in results) == sorted(r.request_id for r in requests)
+    assert all(r.error_class is None and r.text in CHOICES for r in results), results
+    assert len({r.text for r in results}) > 1  # sampled, not stuck on one answer
 
 
-async def test_json_schema_outputs_parse(engine: Engine) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"label": {"enum": ["a", "b"]}},
-        "required": ["label"],
-        "additionalProperties": False,
-    }
-    sampling = SamplingSpec(json_schema=schema, max_tokens=32)
-    results = await collect(engine, [chat(i, f"row {i}", sampling) for i in range(10)])
-    assert all(r.parsed["label"] in ("a", "b") for r in results), results
+async def test_json_schema_output_is_parsed(engine: Engine) -> None:
+    requests = [
+        chat(f"row {i}", SamplingSpec(json_schema=LABEL_SCHEMA, temperature=1.0, seed=i))
+        for i in range(20)
+    ]
+    results = await collect(engine, requests)
+    for r in results:
+        assert r.error_class is None, r
+        assert r.parsed == json.loads(r.text)
+        assert r.parsed["label"] in ("a", "b")
+        assert r.finish_reason == "stop"
+    assert {r.parsed["label"] for r in results} == {"a", "b"}
+
+
+async def test_json_cut_off_by_max_tokens_is_an_item_error(engine: Engine) -> None:
+    result = await engine.generate(
+        chat("row", SamplingSpec(json_schema=LABEL_SCHEMA, max_tokens=2))
+    )
+    assert result.error_class == "InvalidStructuredOutput"
+    assert "max_tokens=2" in (result.error_message or "")
+    assert result.parsed is None and result.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        (SamplingSpec(json_schema={"type": "nonsense"}), "not a valid JSON schema"),
+        (  # valid JSON schema that xgrammar cannot turn into a grammar
+            SamplingSpec(json_schema={"type": "integer", "minimum": 5, "maximum": 3}, max_tokens=8),
+            "grammar",
+        ),
+        (SamplingSpec(regex=r"(a)\1"), "grammar"),  # backreferences: not supported
+    ],
+)
+async def test_a_bad_constraint_is_an_item_error(
+    engine: Engine, spec: SamplingSpec, reason: str
+) -> None:
+    result = await engine.generate(chat("row", spec))
+    assert result.error_class == "InvalidStructuredOutput"
+    assert reason in (result.error_message or "")
+    # The engine is unharmed.
+    assert (await engine.generate(chat("hi"))).error_class is None
 
 
 async def test_a_prompt_over_the_context_is_an_item_error(engine: Engine) -> None:
-    result = await engine.generate(chat(0, "word " * 2000, SamplingSpec(max_tokens=4)))
+    result = await engine.generate(chat("word " * 2000, SamplingSpec(max_tokens=4)))
     assert result.error_class == "PromptTooLong"
-    assert str(engine.max_model_len) in (result.error_message or "")
+    assert result.prompt_tokens > MAX_MODEL_LEN
+    assert str(MAX_MODEL_LEN) in (result.error_message or "")
 
 
-async def test_closing_early_aborts_what_is_in_flight(engine: Engine) -> None:
-    sampling = SamplingSpec(max_tokens=256, temperature=1.0, seed=1)
-    requests = [chat(i, f"long story {i}", sampling) for i in range(200)]
+async def test_the_context_limit_is_exact(engine: Engine) -> None:
+    """A prompt of max_model_len - 1 tokens gets one token; max_model_len gets none."""
+
+    def prompt(words: int) -> GenerationRequest:
+        return GenerationRequest(
+            request_id=f"limit-{next(_ids)}",
+            prompt=" dog" * words,
+            sampling=SamplingSpec(max_tokens=50),
+        )
+
+    assert len(engine.prompt_token_ids(prompt(10))) == 10  # " dog" is one token
+    fits = await engine.generate(prompt(engine.max_model_len - 1))
+    assert fits.error_class is None
+    assert (fits.completion_tokens, fits.finish_reason) == (1, "length")
+    full = await engine.generate(prompt(engine.max_model_len))
+    assert (full.error_class, full.prompt_tokens) == ("PromptTooLong", engine.max_model_len)
+
+
+async def test_an_empty_prompt_is_an_item_error(engine: Engine) -> None:
+    request = GenerationRequest(request_id="empty", prompt="")
+    assert (await engine.generate(request)).error_class == "InvalidPrompt"
+
+
+# -- cancellation and streaming -----------------------------------------------------------
+
+
+async def test_cancelling_generate_aborts_the_request_in_the_engine(engine: Engine) -> None:
+    baseline = engine.num_unfinished_requests
+    long = chat("Tell a long story.", SamplingSpec(max_tokens=MAX_MODEL_LEN - 20))
+    task = asyncio.create_task(engine.generate(long))
+    await until(lambda: engine.num_unfinished_requests == baseline + 1)
+    started = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.num_unfinished_requests == baseline  # gone from the engine at once
+    assert time.perf_counter() - started < 1.0
+    assert (await engine.generate(chat("hi"))).error_class is None
+
+
+async def test_closing_generate_many_aborts_what_is_in_flight(engine: Engine) -> None:
+    baseline = engine.num_unfinished_requests
+    quick = chat("first", SamplingSpec(max_tokens=1))
+    long = SamplingSpec(max_tokens=400)
+    requests = [quick, *(chat(f"long story {i}", long) for i in range(200))]
     results = engine.generate_many(requests, max_in_flight=100)
     first = await anext(results)
-    await results.aclose()  # the remaining requests are aborted in the engine
-    assert first.request_id.startswith("t-")
-    # The engine is free again: a new request completes promptly.
-    quick = await asyncio.wait_for(
-        engine.generate(chat(999, "hi", SamplingSpec(max_tokens=2))), timeout=30
-    )
-    assert quick.error_class is None
+    assert (first.request_id, first.error_class) == (quick.request_id, None)
+    assert engine.num_unfinished_requests > baseline
+    await results.aclose()
+    assert engine.num_unfinished_requests == baseline
 
 
-async def test_throughput_of_short_requests(engine: Engine) -> None:
-    """Not a performance assertion: prints the figure (benchmarks/ compares with peers)."""
-    sampling = SamplingSpec(max_tokens=16)
-    requests = [chat(i, f"Write about a dog {i}.", sampling) for i in range(1000)]
+async def test_generate_many_reads_lazily_and_bounds_what_is_in_flight(engine: Engine) -> None:
+    baseline = engine.num_unfinished_requests
+    sent: list[str] = []
+    got: list[str] = []
+    in_flight_seen: list[int] = []
+
+    async def source() -> AsyncIterator[GenerationRequest]:
+        for i in range(120):
+            request = chat(f"row {i}", SamplingSpec(max_tokens=4))
+            sent.append(request.request_id)
+            yield request
+
+    async with contextlib.aclosing(engine.generate_many(source(), max_in_flight=16)) as results:
+        async for result in results:
+            in_flight_seen.append(engine.num_unfinished_requests - baseline)
+            # A slot frees when a result is taken, so the source is read at most
+            # max_in_flight (+ the one waiting for a slot) ahead of the consumer.
+            assert len(sent) - len(got) <= 16 + 1
+            got.append(result.request_id)
+    assert len(got) == len(set(got)) == 120
+    assert set(got) == set(sent)
+    assert 1 <= max(in_flight_seen) <= 16
+    assert engine.num_unfinished_requests == baseline
+
+
+async def test_a_failing_source_ends_generate_many_and_aborts(engine: Engine) -> None:
+    baseline = engine.num_unfinished_requests
+
+    def source() -> Iterator[GenerationRequest]:
+        for i in range(10):
+            yield chat(f"row {i}", SamplingSpec(max_tokens=400))
+        raise RuntimeError("the input broke")
+
+    with pytest.raises(RuntimeError, match="the input broke"):
+        async with contextlib.aclosing(engine.generate_many(source(), max_in_flight=32)) as it:
+            async for _ in it:
+                pass
+    assert engine.num_unfinished_requests == baseline
+
+
+async def test_throughput_of_short_chat_requests(engine: Engine) -> None:
+    """Not a speed assertion: prints the figure for the report."""
+    count = 2000
+    requests = [chat(f"Write about a dog {i}.", SamplingSpec(max_tokens=16)) for i in range(count)]
     started = time.perf_counter()
-    results = await collect(engine, requests, in_flight=512)
+    results = await collect(engine, requests, max_in_flight=512)
     elapsed = time.perf_counter() - started
-    assert len(results) == 1000
-    print(f"1,000 short chat requests in {elapsed:.2f} s: {1000 / elapsed:.0f} req/s")
+    assert len(results) == count and all(r.error_class is None for r in results)
+    tokens = sum(r.completion_tokens for r in results)
+    print(
+        f"\n{count} short chat requests (16 tokens, 512 in flight) in {elapsed:.2f} s: "
+        f"{count / elapsed:.0f} req/s, {tokens / elapsed:.0f} generated tokens/s"
+    )
