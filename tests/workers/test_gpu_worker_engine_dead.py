@@ -21,7 +21,7 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import wait_for_pollers
-from tests.workers.test_gpu_worker_killed import (
+from tests.fixtures.worker_processes import (
     gpu_worker_process,
     job_result,
     stop_worker,

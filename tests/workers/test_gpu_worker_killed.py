@@ -7,80 +7,33 @@ engine); the kill comes from outside, as a preempted machine's would.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
 
 from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import settings_env, wait_for_pollers
-from llmbatch.pipeline import JobSummary
+from llmbatch.demo import wait_for_pollers
+from tests.fixtures.worker_processes import (
+    gpu_worker_process,
+    job_result,
+    stop_worker,
+    until_done,
+)
 
 pytestmark = pytest.mark.slow
 
 ROWS, SHARD = 3000, 500
-
-
-def gpu_worker_process(settings: Settings, model: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "llmbatch.cli.main", "worker", "gpu", "--model", model,
-             "--max-model-len", "512", "--max-num-seqs", "64", "--concurrent-shards", "2"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **settings_env(settings)},
-            start_new_session=True,  # so the kill takes its engine process too
-        )  # fmt: skip
-
-
-def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a worker and its whole process group, which outlives a worker that died
-    (its engine processes are in the group too)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-
-
-async def until_done(
-    pool: ledger.asyncpg.Pool, job_id: str, items: int, *, in_flight: bool = False
-) -> None:
-    """Poll the ledger (the only outside view of progress) until ``items`` succeeded
-    and, with ``in_flight``, some items are claimed but not finished."""
-    for _ in range(6000):
-        counts = await ledger.job_counts(pool, job_id=job_id)
-        if counts.succeeded >= items and (counts.running > 0 or not in_flight):
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{job_id}: fewer than {items} items succeeded in 300 s")
-
-
-async def job_result(handle: WorkflowHandle[Any, JobSummary]) -> JobSummary:
-    """The job's result; a long poll that times out on a loaded machine is polled again."""
-    for _ in range(20):
-        try:
-            return await handle.result()
-        except RPCError as exc:
-            if exc.status is not RPCStatusCode.DEADLINE_EXCEEDED:
-                raise
-    raise TimeoutError(f"job {handle.id} did not finish")
 
 
 async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
