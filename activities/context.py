@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from llmbatch import storage
+from llmbatch import storage, telemetry
 from llmbatch.config import Settings
 
 
@@ -33,8 +33,19 @@ class ActivityContext:
 
     async def read(self, uri: str) -> bytes:
         store = self.store(uri)
-        return await asyncio.to_thread(store.read_bytes, uri)
+        with telemetry.span("storage.read", **_object_attrs(uri)) as span:
+            data = await asyncio.to_thread(store.read_bytes, uri)
+            span.set_attributes(telemetry.attrs(bytes=len(data)))
+        return data
 
     async def write(self, uri: str, data: bytes) -> None:
         store = self.store(uri)
-        await asyncio.to_thread(store.put_bytes, uri, data)
+        with telemetry.span("storage.write", bytes=len(data), **_object_attrs(uri)):
+            await asyncio.to_thread(store.put_bytes, uri, data)
+
+
+def _object_attrs(uri: str) -> dict[str, str]:
+    # The scheme and the object's own name (rows.jsonl, part-00003.parquet): enough to
+    # tell the reads and writes of a shard apart, without the bucket or the path.
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    return {"scheme": scheme, "object": uri.rstrip("/").rsplit("/", 1)[-1]}

@@ -7,7 +7,7 @@ import asyncio
 from temporalio import activity
 
 from activities.context import ActivityContext
-from llmbatch import formats
+from llmbatch import formats, telemetry
 from llmbatch.contracts import InputFormat
 from llmbatch.pipeline import FETCH_SHARD, FetchResult, ShardInput
 from llmbatch.records import StagedRow, dump_jsonl
@@ -25,16 +25,26 @@ class FetchActivities:
             await self._ctx.read(layout.shard_plan(input.shard))
         )
         store = self._ctx.store(plan.uri)
-        rows = await asyncio.to_thread(
-            _read_rows,
-            store,
-            plan,
-            layout.input_format,
-            id_field=input.spec.id_field,
-            max_row_bytes=input.spec.max_row_bytes,
-        )
+        with telemetry.span(
+            "fetch_shard.read_input",
+            shard=input.shard,
+            format=layout.input_format.value,
+            # JSONL and CSV shards are byte ranges; Parquet shards row groups.
+            bytes=plan.end - plan.start if plan.end else None,
+        ) as span:
+            rows = await asyncio.to_thread(
+                _read_rows,
+                store,
+                plan,
+                layout.input_format,
+                id_field=input.spec.id_field,
+                max_row_bytes=input.spec.max_row_bytes,
+            )
+            invalid = sum(r.fields is None for r in rows)
+            span.set_attributes(telemetry.attrs(rows=len(rows), invalid_rows=invalid))
         await self._ctx.write(layout.shard_rows(input.shard), dump_jsonl(rows))
-        return FetchResult(rows=len(rows), invalid=sum(r.fields is None for r in rows))
+        telemetry.annotate(job_id=input.spec.job_id, shard=input.shard, rows=len(rows))
+        return FetchResult(rows=len(rows), invalid=invalid)
 
 
 def _read_rows(

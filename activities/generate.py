@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
+from opentelemetry.trace import Span
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import ledger
+from llmbatch import ledger, telemetry
 from llmbatch.engine import Engine, EngineDeadError, GenerationRequest, GenerationResult
 from llmbatch.pipeline import GENERATE, GenerateProgress, GenerateResult, ShardInput, TokenCounts
 from llmbatch.records import StagedRequest, load_jsonl
@@ -54,8 +55,12 @@ class GenerateActivities:
             else GenerateProgress()
         )
         job_id, spec = input.spec.job_id, input.spec
-        staged = await self._ctx.read(input.layout.shard_requests(input.shard))
-        requests = {r.item_id: r for r in load_jsonl(staged, StagedRequest)}
+        with telemetry.span(
+            "generate.read_requests", job_id=job_id, model=spec.model, shard=input.shard
+        ) as read_span:
+            staged = await self._ctx.read(input.layout.shard_requests(input.shard))
+            requests = {r.item_id: r for r in load_jsonl(staged, StagedRequest)}
+            read_span.set_attributes(telemetry.attrs(bytes=len(staged), rows=len(requests)))
         claimed = await ledger.claim_items(
             self._ctx.pool, job_id=job_id, item_ids=list(requests), lease_owner=lease
         )
@@ -73,6 +78,18 @@ class GenerateActivities:
                 )
 
         heartbeat = asyncio.create_task(_heartbeat_loop(progress))
+        # One span for the shard's engine work, not one per request: a job of millions
+        # of rows would flood the exporter. Per-request latency goes to a histogram.
+        engine_span = telemetry.tracer().start_span(
+            "generate.engine",
+            attributes=telemetry.attrs(
+                job_id=job_id,
+                model=spec.model,
+                shard=input.shard,
+                requests=len(todo),
+                max_in_flight=self._max_in_flight,
+            ),
+        )
         try:
             results = self._engine.generate_many(
                 engine_requests(), max_in_flight=self._max_in_flight
@@ -89,6 +106,7 @@ class GenerateActivities:
             raise
         finally:
             heartbeat.cancel()
+            recorder.end_span(engine_span)
         activity.heartbeat(progress.model_dump())
         return GenerateResult(
             generated=recorder.succeeded,
@@ -125,10 +143,26 @@ class _Recorder:
         self.succeeded = 0
         self.dead = 0
         self.tokens = TokenCounts()
+        self._metrics = telemetry.metrics()
+        self._metric_attrs = telemetry.attrs(job_id=input.spec.job_id, model=input.spec.model)
+
+    def end_span(self, span: Span) -> None:
+        """End the engine span with what this attempt recorded in the ledger."""
+        span.set_attributes(
+            telemetry.attrs(
+                succeeded=self.succeeded,
+                dead=self.dead,
+                prompt_tokens=self.tokens.prompt,
+                completion_tokens=self.tokens.completion,
+            )
+        )
+        span.end()
 
     def add(self, result: GenerationResult) -> None:
         request = self._todo[int(result.request_id.rsplit(":", 1)[1])]
         item_id = request.item_id
+        if result.latency_ms > 0:  # the engine ran it (not refused before submission)
+            self._metrics.generation_duration.record(result.latency_ms / 1000.0, self._metric_attrs)
         if result.error_class is not None:
             self._dead.append(
                 ledger.DeadItem(
@@ -165,6 +199,7 @@ class _Recorder:
         dead, self._dead = self._dead, []
         self._last_flush = time.monotonic()
         job_id, pool = self._input.spec.job_id, self._ctx.pool
+        model = self._input.spec.model
         if results:
             written = await ledger.record_results(
                 pool, job_id=job_id, lease_owner=self._lease, results=results
@@ -172,9 +207,14 @@ class _Recorder:
             if written < len(results):
                 raise _superseded(self._lease)
             self.succeeded += written
-            self.tokens = self.tokens + TokenCounts(
+            tokens = TokenCounts(
                 prompt=sum(r.prompt_tokens for r in results),
                 completion=sum(r.completion_tokens for r in results),
+            )
+            self.tokens = self.tokens + tokens
+            self._metrics.count_items(written, job_id=job_id, model=model, status="succeeded")
+            self._metrics.count_tokens(
+                prompt=tokens.prompt, completion=tokens.completion, job_id=job_id, model=model
             )
         if dead:
             written = await ledger.record_dead(
@@ -183,6 +223,7 @@ class _Recorder:
             if written < len(dead):
                 raise _superseded(self._lease)
             self.dead += written
+            self._metrics.count_items(written, job_id=job_id, model=model, status="dead")
         self._progress.recorded = self.succeeded
         self._progress.dead = self.dead
 

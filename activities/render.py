@@ -8,7 +8,7 @@ import json
 from temporalio import activity
 
 from activities.context import ActivityContext
-from llmbatch import ledger, openai_batch
+from llmbatch import ledger, openai_batch, telemetry
 from llmbatch.contracts import InputFormat, JobSpec
 from llmbatch.pipeline import RENDER_PROMPTS, RenderResult, ShardInput
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
@@ -40,11 +40,17 @@ class RenderActivities:
         )
         todo_dead = [d for d in dead if d.item_id not in done]
         if todo_dead:
-            await ledger.record_dead(
+            marked = await ledger.record_dead(
                 self._ctx.pool, job_id=spec.job_id, lease_owner=None, items=todo_dead
+            )
+            telemetry.metrics().count_items(
+                marked, job_id=spec.job_id, model=spec.model, status="dead"
             )
         todo = [r for r in requests.values() if r.item_id not in done]
         await self._ctx.write(layout.shard_requests(shard), dump_jsonl(todo))
+        telemetry.annotate(
+            job_id=spec.job_id, shard=shard, rows=len(rows), requests=len(todo), dead=len(todo_dead)
+        )
         return RenderResult(to_generate=len(todo), already_done=len(done), dead=len(todo_dead))
 
 

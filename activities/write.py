@@ -8,7 +8,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import formats, ledger, openai_batch
+from llmbatch import formats, ledger, openai_batch, telemetry
 from llmbatch.contracts import InputFormat, JobSpec, OutputFormat
 from llmbatch.pipeline import WRITE_SHARD, ShardInput, ShardSummary, TokenCounts
 from llmbatch.records import StagedRow, load_jsonl
@@ -45,6 +45,13 @@ class WriteActivities:
             else:
                 summary.dead += 1
         summary.tokens = tokens
+        telemetry.annotate(
+            job_id=spec.job_id,
+            shard=shard,
+            items=summary.items,
+            succeeded=summary.succeeded,
+            dead=summary.dead,
+        )
 
         if layout.input_format is InputFormat.OPENAI:
             out_rows, err_rows = _openai_lines(spec, entries)

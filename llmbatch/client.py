@@ -14,6 +14,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from llmbatch import search_attributes as sa
+from llmbatch import telemetry
 from llmbatch.config import Settings
 from llmbatch.contracts import JobSpec
 from llmbatch.pipeline import BATCH_JOB_WORKFLOW, BatchJobInput, JobSummary
@@ -24,12 +25,19 @@ class TemporalUnavailable(RuntimeError):
 
 
 async def connect(settings: Settings) -> Client:
-    """A client on the configured namespace, speaking pydantic JSON."""
+    """A client on the configured namespace, speaking pydantic JSON.
+
+    OpenTelemetry is set up from the ``OTEL_*`` environment first (once per process),
+    and the client carries Temporal's tracing interceptor, which workers built on it
+    inherit: a job's client call, workflows and activities make one trace.
+    """
+    telemetry.install()
     try:
         return await Client.connect(
             settings.temporal_address,
             namespace=settings.temporal_namespace,
             data_converter=pydantic_data_converter,
+            interceptors=[telemetry.tracing_interceptor()],
         )
     except (RuntimeError, RPCError) as exc:
         raise TemporalUnavailable(

@@ -36,6 +36,7 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOu
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from llmbatch import telemetry
 from llmbatch.contracts import SamplingSpec
 
 __all__ = [
@@ -227,6 +228,10 @@ class Engine:
         # Bounded: OpenAI batch rows may each bring their own sampling (seed, max_tokens).
         self._prepared: OrderedDict[str, _Prepared] = OrderedDict()
         self._closed = False
+        # The queue-depth gauge reads the engine on each metric collection.
+        self._stop_observing = telemetry.observe_engine_queue(
+            options.model, lambda: self.num_unfinished_requests
+        )
 
     @classmethod
     async def start(cls, options: EngineOptions) -> Engine:
@@ -269,6 +274,7 @@ class Engine:
         """Stop the engine and its processes. Safe to call twice."""
         if not self._closed:
             self._closed = True
+            self._stop_observing()
             self._llm.shutdown()
 
     def _prepare(self, spec: SamplingSpec) -> _Prepared:

@@ -14,7 +14,7 @@ from activities.fetch import FetchActivities
 from activities.planning import PlanningActivities
 from activities.render import RenderActivities
 from activities.write import WriteActivities
-from llmbatch import ledger
+from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from workers.shutdown import wait_for_stop_signal
@@ -30,6 +30,8 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
         client,
         task_queue=ctx.settings.cpu_task_queue,
         workflows=[BatchJobWorkflow, ShardWorkflow],
+        # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
+        interceptors=telemetry.worker_interceptors(client),
         activities=[
             planning.plan_job,
             planning.finalize_job,
@@ -54,6 +56,7 @@ async def cpu_worker(settings: Settings, *, client: Client | None = None) -> Asy
 
 async def run_cpu_worker(settings: Settings) -> None:
     """Run until SIGINT/SIGTERM."""
+    telemetry.install(component="cpu-worker")
     async with cpu_worker(settings):
         print(f"cpu worker polling {settings.cpu_task_queue} on {settings.temporal_address}")
         await wait_for_stop_signal()

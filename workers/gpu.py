@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 
 from activities.context import ActivityContext
 from activities.generate import GenerateActivities
-from llmbatch import ledger
+from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from llmbatch.engine import Engine, EngineOptions
@@ -52,6 +52,8 @@ def build_gpu_worker(
         task_queue=ctx.settings.gpu_task_queue(model),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
+        # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
+        interceptors=telemetry.worker_interceptors(client),
     )
 
 
@@ -93,6 +95,7 @@ async def run_gpu_worker(
     max_in_flight: int | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
+    telemetry.install(component="gpu-worker")
     engine = await Engine.start(options)
     dead = asyncio.Event()
 
