@@ -55,6 +55,9 @@ async def start_job(
     The job id is the workflow id: a second start of a running job returns that job
     (``started`` False), and a finished job is never run again under the same id.
     """
+    if not spec.job_id:
+        # Only a Temporal Schedule starts specs without one (see llmbatch.schedules).
+        raise ValueError("start_job needs a spec with a job id")
     try:
         handle = await client.start_workflow(
             BATCH_JOB_WORKFLOW,

@@ -13,7 +13,10 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# ":" is allowed because a Temporal Schedule names each run "<workflow id>-<RFC 3339
+# UTC time>" (e.g. "nightly-2025-06-01T02:00:00Z"), and a scheduled run's job id is
+# its workflow id. No "/" (shard workflows are "<job>/shard-<n>"), no spaces.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
 class InputFormat(enum.StrEnum):
@@ -83,7 +86,16 @@ class RetrySpec(_Strict):
 class JobSpec(_Strict):
     """A batch job: input rows, a prompt, a model, and where results go."""
 
-    job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN)]
+    job_id: Annotated[
+        str,
+        Field(
+            default="",
+            pattern=f"(?:{JOB_ID_PATTERN})|^$",
+            description="The job's id, which is also its workflow id. Leave it out (or "
+            "empty) to take the workflow id: each run of a Temporal Schedule is then a "
+            "job of its own, named '<schedule>-<scheduled UTC time>'.",
+        ),
+    ]
     inputs: list[str] = Field(
         min_length=1,
         description="s3://bucket/key (globs allowed), file:///path or a plain path.",
@@ -113,6 +125,12 @@ class JobSpec(_Strict):
     )
     max_row_bytes: int = Field(default=1 << 20, ge=1, le=64 << 20)
     retry: RetrySpec = Field(default_factory=RetrySpec)
+
+    @field_validator("job_id", mode="before")
+    @classmethod
+    def _null_job_id(cls, value: Any) -> Any:
+        # JSON null from another language's client means "not given", as "" does.
+        return "" if value is None else value
 
     @field_validator("inputs")
     @classmethod

@@ -7,7 +7,9 @@ importing the modules that hold boto3, asyncpg or vLLM.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
 
 from llmbatch.contracts import InputFormat, JobSpec
 
@@ -166,5 +168,15 @@ class BatchJobState(BaseModel):
 
 
 class BatchJobInput(BaseModel):
+    """BatchJobWorkflow's input: ``{"spec": JobSpec}``, or the bare JobSpec itself (what
+    ``llm-batch schema`` describes), as a service in another language may send it."""
+
     spec: JobSpec
     state: BatchJobState = Field(default_factory=BatchJobState)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_spec(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "spec" not in data:
+            return {"spec": data}
+        return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import timedelta
 
 from temporalio import workflow
@@ -11,6 +12,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from llmbatch import search_attributes as sa
+    from llmbatch.contracts import JOB_ID_PATTERN
     from llmbatch.pipeline import (
         BATCH_JOB_WORKFLOW,
         FINALIZE_JOB,
@@ -42,6 +44,7 @@ class BatchJobWorkflow:
 
     @workflow.init
     def __init__(self, input: BatchJobInput) -> None:
+        _take_workflow_id(input)
         self._reports: list[ShardSummary] = list(input.state.finished)
         self._progress = input.state.progress or JobProgress(
             job_id=input.spec.job_id, model=input.spec.model
@@ -57,7 +60,14 @@ class BatchJobWorkflow:
 
     @workflow.run
     async def run(self, input: BatchJobInput) -> JobSummary:
+        _take_workflow_id(input)
         spec, state = input.spec, input.state
+        _check_job_id(spec.job_id)
+        if workflow.info().typed_search_attributes.get(sa.JOB_ID) is None:
+            # Started by a Schedule or another language's client: name it for the Web UI.
+            workflow.upsert_search_attributes(
+                [sa.JOB_ID.value_set(spec.job_id), sa.MODEL.value_set(spec.model)]
+            )
         progress = self._progress
         if progress.started_at is None:
             progress.started_at = workflow.now().isoformat()
@@ -188,6 +198,33 @@ class BatchJobWorkflow:
         progress.shards_running = sorted(running)
         if reports:
             self._publish()
+
+
+def _take_workflow_id(input: BatchJobInput) -> None:
+    """A spec that leaves the job id out takes the workflow id, so each run of a
+    Temporal Schedule ("<schedule>-<scheduled UTC time>") is a job of its own: the
+    ledger's key is (job id, item id), and a shared id would find every item done."""
+    if not input.spec.job_id:
+        input.spec = input.spec.model_copy(update={"job_id": workflow.info().workflow_id})
+
+
+def _check_job_id(job_id: str) -> None:
+    """Job id = workflow id (how status, cancel and the Web UI find a job), and a
+    derived one must still be a valid job id."""
+    workflow_id = workflow.info().workflow_id
+    if job_id != workflow_id:
+        raise ApplicationError(
+            f"job_id {job_id!r} differs from the workflow id {workflow_id!r}: "
+            "start the job with workflow id = job id, or leave job_id out",
+            type="InvalidJobSpec",
+            non_retryable=True,
+        )
+    if not re.fullmatch(JOB_ID_PATTERN, job_id):
+        raise ApplicationError(
+            f"workflow id {job_id!r} is not a valid job id (pattern {JOB_ID_PATTERN})",
+            type="InvalidJobSpec",
+            non_retryable=True,
+        )
 
 
 def _shard_id(job_id: str, shard: int) -> str:

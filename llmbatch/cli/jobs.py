@@ -101,10 +101,68 @@ def submit(
 ) -> None:
     """Submit a batch job (validated before anything is scheduled)."""
     settings = Settings()
+    spec = build_spec(
+        settings,
+        inputs=inputs,
+        model=model,
+        output=output,
+        job_id=job_id,
+        messages_file=messages_file,
+        system=system,
+        user=user,
+        input_format=input_format,
+        id_field=id_field,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        stop=stop,
+        seed=seed,
+        choices=choices,
+        json_schema=json_schema,
+        regex=regex,
+        output_format=output_format,
+        shard_size=shard_size,
+        max_concurrent_shards=max_concurrent_shards,
+        spec_file=spec_file,
+    )
+    if not spec.job_id:
+        spec = spec.model_copy(update={"job_id": _new_job_id()})
+    run(_submit(spec, settings, wait=wait, as_json=as_json))
+
+
+def build_spec(
+    settings: Settings,
+    *,
+    inputs: list[str],
+    model: str,
+    output: str | None,
+    job_id: str | None,
+    messages_file: Path | None,
+    system: str | None,
+    user: str | None,
+    input_format: InputFormat | None,
+    id_field: str | None,
+    temperature: float | None,
+    top_p: float | None,
+    max_tokens: int | None,
+    stop: list[str] | None,
+    seed: int | None,
+    choices: str | None,
+    json_schema: Path | None,
+    regex: str | None,
+    output_format: OutputFormat,
+    shard_size: int | None,
+    max_concurrent_shards: int | None,
+    spec_file: Path | None,
+) -> JobSpec:
+    """The JobSpec that submit's options describe (``schedule create`` takes the same);
+    an invalid one exits with one clear line. The job id stays empty when neither
+    ``job_id`` nor the spec file gives one."""
     values: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
     values["inputs"] = inputs
     values["model"] = model
-    values["job_id"] = job_id or values.get("job_id") or _new_job_id()
+    if job_id:
+        values["job_id"] = job_id
     values.setdefault("output_uri", output or f"s3://{settings.s3_bucket}/results")
     if output:
         values["output_uri"] = output
@@ -139,10 +197,9 @@ def submit(
         sampling["json_schema"] = json.loads(json_schema.read_text())
     values["sampling"] = sampling
     try:
-        spec = JobSpec.model_validate(values)
+        return JobSpec.model_validate(values)
     except ValidationError as exc:
         raise fail(_validation_message(exc)) from None
-    run(_submit(spec, settings, wait=wait, as_json=as_json))
 
 
 def _messages(
@@ -176,7 +233,9 @@ def _validation_message(exc: ValidationError) -> str:
     return "invalid job: " + "; ".join(problems)
 
 
-async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool) -> None:
+async def check_inputs(spec: JobSpec, settings: Settings) -> None:
+    """The check the plan_job activity runs (inputs exist and are readable, the prompt's
+    fields are there), here for an answer before anything is scheduled."""
     stores: dict[str, storage.ObjectStore] = {}
 
     def store_for(uri: str) -> storage.ObjectStore:
@@ -185,8 +244,11 @@ async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: boo
             stores[scheme] = storage.open_store(uri, settings)
         return stores[scheme]
 
-    # The same check the plan_job activity runs, here for an answer before scheduling.
     await asyncio.to_thread(planning.inspect_inputs, spec, store_for)
+
+
+async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool) -> None:
+    await check_inputs(spec, settings)
     client = await connect(settings)
     handle, started = await start_job(client, spec, settings=settings)
     if as_json and not wait:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from llmbatch.cli import demo, dev, jobs, migrate, worker
+from llmbatch.cli import demo, dev, jobs, migrate, schedules, worker
 
 app = typer.Typer(
     name="llm-batch",
@@ -16,6 +16,7 @@ app.add_typer(
     dev.app, name="dev", help="The embedded stack: Temporal, Postgres, S3 on this machine."
 )
 app.add_typer(worker.app, name="worker", help="Run a CPU or GPU worker.")
+app.add_typer(schedules.app, name="schedule", help="Recurring jobs on Temporal Schedules.")
 app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
 jobs.register(app)

@@ -30,6 +30,8 @@ def test_a_minimal_spec_has_working_defaults() -> None:
     ("overrides", "message"),
     [
         ({"job_id": "bad id!"}, "job_id"),
+        ({"job_id": "a/shard-1"}, "job_id"),
+        ({"job_id": "x" * 129}, "job_id"),
         ({"inputs": []}, "inputs"),
         ({"shard_size": 0}, "shard_size"),
         ({"messages": None}, "messages are required"),
@@ -52,6 +54,15 @@ def test_openai_batch_input_needs_no_messages() -> None:
 
 def test_json_schema_is_exported() -> None:
     schema = JobSpec.model_json_schema()
-    assert {"job_id", "inputs", "model", "output_uri"} <= set(schema["required"])
+    assert {"inputs", "model", "output_uri"} <= set(schema["required"])
+    # Left out, the job id is the workflow id (how each scheduled run gets its own).
+    assert "job_id" not in schema["required"]
     assert "SamplingSpec" in schema["$defs"]
     assert SamplingSpec().max_tokens == 256
+
+
+def test_job_id_may_be_left_out_or_be_a_scheduled_run_id() -> None:
+    assert spec(job_id=None).job_id == ""
+    assert spec(job_id="").job_id == ""
+    # A Temporal Schedule names its runs "<workflow id>-<RFC 3339 UTC time>".
+    assert spec(job_id="nightly-2025-06-01T02:00:00Z").job_id == "nightly-2025-06-01T02:00:00Z"
