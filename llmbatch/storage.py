@@ -23,6 +23,7 @@ own retries, so Temporal retries the activity.
 
 from __future__ import annotations
 
+import copy
 import glob as globlib
 import io
 import os
@@ -276,7 +277,10 @@ def _permanent(exc: ClientError, uri: str) -> Exception:
     if code in _PERMANENT_CODES:
         message = exc.response.get("Error", {}).get("Message") or code
         return StorageError(f"{uri}: {code}: {message}")
-    return exc  # 5xx, throttling, ...: transient, let Temporal retry
+    # 5xx, throttling, ...: transient, let Temporal retry. A copy, not ``exc`` itself:
+    # callers raise the result ``from exc``, and an exception that is its own cause
+    # sends Temporal's failure converter into endless recursion (the error is lost).
+    return copy.copy(exc)
 
 
 class S3Store:

@@ -14,9 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
 
 from llmbatch.config import Settings
 from llmbatch.demo import settings_env
+from llmbatch.pipeline import JobSummary
 
 pytestmark = pytest.mark.slow
 
@@ -91,3 +93,31 @@ async def test_submit_wait_status_results(
 
     code, _, err = await cli(workers, "status", "no-such-job")
     assert code == 1 and "no job 'no-such-job'" in err
+
+
+async def test_submitting_the_same_job_id_twice_returns_the_running_job(
+    workers: Settings, temporal_client: Client, tmp_path: Path, model_name: str
+) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"text": f"ticket {i}"}) + "\n" for i in range(30)))
+    job = f"cli-twice-{uuid.uuid4().hex[:8]}"
+    args = [
+        "submit", "--input", str(data), "--model", model_name, "--job-id", job,
+        "--user", "{{ text }}", "--choices", "bug,billing", "--shard-size", "10",
+        "--output", f"file://{tmp_path / 'out'}", "--json",
+    ]  # fmt: skip
+    (code1, out1, err1), (code2, out2, err2) = [await cli(workers, *args) for _ in range(2)]
+    assert (code1, code2) == (0, 0), err1 + err2
+    first, second = json.loads(out1), json.loads(out2)
+    assert (first["started"], second["started"]) == (True, False)
+    assert first["run_id"] == second["run_id"]
+    handle = temporal_client.get_workflow_handle(job, result_type=JobSummary)
+    summary = await asyncio.wait_for(handle.result(), 300)
+    assert summary.items_succeeded == 30
+    runs = [e async for e in temporal_client.list_workflows(f"WorkflowId = '{job}'")]
+    assert len(runs) == 1
+    rows = [
+        line for part in (tmp_path / "out" / job).glob("part-*.jsonl")
+        for line in part.read_text().split("\n")[:-1]
+    ]  # fmt: skip
+    assert len(rows) == 30

@@ -1,0 +1,129 @@
+"""Determinism: histories of real runs of every workflow replay with no difference.
+
+One job runs end to end on a Temporal server of its own whose histories count as
+long after 60 events, so its BatchJobWorkflow continues as new (more than once); a
+row with a missing template field dies, so its DeadLetterWorkflow starts, and a
+re-drive runs through it. Every run of every workflow is then fetched and replayed
+by Temporal's Replayer with the same workflow classes and data converter the
+workers use: any non-deterministic code path fails the replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from llmbatch.client import start_job
+from llmbatch.config import Settings
+from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.engine import Engine
+from llmbatch.pipeline import (
+    BATCH_JOB_WORKFLOW,
+    DEAD_LETTER_WORKFLOW,
+    REDRIVE_UPDATE,
+    SHARD_WORKFLOW,
+    RedriveRequest,
+    RedriveResult,
+    dead_letter_workflow_id,
+)
+from tests.fixtures.small_history import small_history_env
+from workers.cpu import cpu_worker
+from workers.gpu import gpu_worker
+from workflows.batch_job import BatchJobWorkflow
+from workflows.dead_letter import DeadLetterWorkflow
+from workflows.shard import ShardWorkflow
+
+pytestmark = pytest.mark.slow
+
+SHARDS = 24
+DEAD_ROW = 5  # has no "n": its template fails, so it dies and the DLQ starts
+
+
+async def histories(client: Client, workflow_id: str) -> list[WorkflowHistory]:
+    """Every run of ``workflow_id``, oldest first."""
+    runs = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+    return [
+        await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
+        for run in sorted(runs, key=lambda r: r.start_time)
+    ]
+
+
+async def test_every_workflow_replays_deterministically(
+    stack: Settings, engine: Engine, model_name: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "rows.jsonl"
+    source.write_text(
+        "".join(json.dumps({"m": i} if i == DEAD_ROW else {"n": i}) + "\n" for i in range(SHARDS))
+    )
+    spec = JobSpec(
+        job_id=f"replay-{uuid.uuid4().hex[:8]}",
+        inputs=[str(source)],
+        messages=[ChatMessage(role="user", content="Number {{ n }}")],
+        model=model_name,
+        sampling=SamplingSpec(choice=["odd", "even"], max_tokens=4),
+        shard_size=1,
+        max_concurrent_shards=3,
+        output_uri=f"file://{tmp_path / 'out'}",
+    )
+    async with small_history_env(stack) as env:
+        client = env.client
+        async with (
+            cpu_worker(stack, client=client),
+            gpu_worker(stack, engine, model=model_name, client=client),
+        ):
+            handle, _ = await start_job(client, spec, settings=stack)
+            summary = await asyncio.wait_for(handle.result(), 300)
+            dlq = client.get_workflow_handle(dead_letter_workflow_id(spec.job_id))
+            redrive = await asyncio.wait_for(
+                dlq.execute_update(
+                    REDRIVE_UPDATE,
+                    RedriveRequest(error_classes=["TemplateError"]),
+                    result_type=RedriveResult,
+                ),
+                300,
+            )
+
+            job_runs = await histories(client, spec.job_id)
+            shard_runs = [
+                h
+                for n in range(SHARDS)
+                for h in await histories(client, f"{spec.job_id}/shard-{n:05d}")
+            ]
+            shard_runs += [
+                h
+                for n in redrive.shards
+                for h in await histories(
+                    client, f"{spec.job_id}/redrive-{redrive.redrive}/shard-{n:05d}"
+                )
+            ]
+            dlq_runs = await histories(client, dead_letter_workflow_id(spec.job_id))
+            statuses = [
+                e.status async for e in client.list_workflows(f"WorkflowId = '{spec.job_id}'")
+            ]
+
+    # The job really went through every path the replay is meant to cover.
+    assert (summary.items_succeeded, summary.items_dead) == (SHARDS - 1, 1)
+    assert redrive.redrive >= 1 and redrive.shards == [DEAD_ROW]
+    assert statuses.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) >= 1
+    assert len(job_runs) >= 2 and len(shard_runs) == SHARDS + 1 and dlq_runs
+
+    replayer = Replayer(
+        workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
+        data_converter=pydantic_data_converter,
+    )
+    replayed: dict[str, int] = {}
+    for history in [*job_runs, *shard_runs, *dlq_runs]:
+        # Raises on a non-determinism error (or any other workflow task failure).
+        result = await replayer.replay_workflow(history)
+        assert result.replay_failure is None, history.workflow_id
+        kind = history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+        replayed[kind] = replayed.get(kind, 0) + 1
+    assert replayed.keys() == {BATCH_JOB_WORKFLOW, SHARD_WORKFLOW, DEAD_LETTER_WORKFLOW}
+    print(f"\nreplayed {replayed} with no non-determinism")
