@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 from opentelemetry.trace import Span
 from temporalio import activity
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 FLUSH_EVERY_ITEMS = 256
 FLUSH_EVERY_SECONDS = 1.0
 HEARTBEAT_EVERY_SECONDS = 5.0
+# How often a running attempt reads its job's paused flag from the ledger.
+PAUSE_CHECK_EVERY_SECONDS = 2.0
 
 
 class GenerateActivities:
@@ -66,11 +68,13 @@ class GenerateActivities:
         )
         todo = [r for r in requests.values() if r.item_id in claimed]
         recorder = _Recorder(self._ctx, input, lease, progress, todo)
+        gate = _PauseGate(self._ctx, job_id)
 
-        def engine_requests() -> Iterator[GenerationRequest]:
+        async def engine_requests() -> AsyncIterator[GenerationRequest]:
             # Request ids are unique per attempt, so a zombie attempt's requests in the
             # same engine never collide with the new attempt's.
             for index, r in enumerate(todo):
+                await gate.wait_while_paused()
                 yield GenerationRequest(
                     request_id=f"{lease}:{index}",
                     messages=r.messages,
@@ -100,6 +104,11 @@ class GenerateActivities:
                     if recorder.due():
                         await recorder.flush()
             await recorder.flush()
+        except asyncio.CancelledError:
+            # The job was cancelled. Closing generate_many has aborted the engine
+            # requests by now; keep what came back, give back the rest.
+            await asyncio.shield(_give_back(self._ctx, recorder, job_id, lease, claimed))
+            raise
         except EngineDeadError as exc:
             if self._on_engine_dead is not None:
                 self._on_engine_dead(exc)
@@ -114,6 +123,56 @@ class GenerateActivities:
             skipped=len(requests) - len(todo),
             tokens=recorder.tokens,
         )
+
+
+async def _give_back(
+    ctx: ActivityContext, recorder: _Recorder, job_id: str, lease: str, claimed: set[str]
+) -> None:
+    """Record the results already back, then make this attempt's unfinished items
+    pending again, so none is left ``running`` with nobody working on it."""
+    try:
+        await recorder.flush()
+    except Exception as exc:  # a superseded attempt: its results are not ours to keep
+        log.warning("attempt %s: results not kept on cancel: %s", lease, exc)
+    try:
+        released = await ledger.release_items(
+            ctx.pool, job_id=job_id, lease_owner=lease, item_ids=list(claimed)
+        )
+    except Exception as exc:  # the next attempt's claim takes them over anyway
+        log.warning("attempt %s: items not released on cancel: %s", lease, exc)
+        return
+    log.info("attempt %s cancelled: %d unfinished items made pending again", lease, released)
+
+
+class _PauseGate:
+    """Holds back new engine requests while the job is paused.
+
+    The flag is read from the ledger at most every PAUSE_CHECK_EVERY_SECONDS, so the
+    check costs one small query every few seconds, not one per item. Requests already
+    in the engine finish; heartbeats go on meanwhile (they run in their own task).
+    """
+
+    def __init__(self, ctx: ActivityContext, job_id: str) -> None:
+        self._ctx, self._job_id = ctx, job_id
+        self._paused = False
+        self._checked_at = float("-inf")
+
+    async def _is_paused(self) -> bool:
+        now = time.monotonic()
+        if now - self._checked_at >= PAUSE_CHECK_EVERY_SECONDS:
+            self._checked_at = now
+            was_paused = self._paused
+            self._paused = await ledger.job_paused(self._ctx.pool, job_id=self._job_id)
+            if self._paused != was_paused:
+                log.info("job %s %s", self._job_id, "paused" if self._paused else "resumed")
+        return self._paused
+
+    async def wait_while_paused(self) -> None:
+        # Polled, not an event: the flag lives in the ledger, written by another process.
+        paused = await self._is_paused()
+        while paused:
+            await asyncio.sleep(PAUSE_CHECK_EVERY_SECONDS)
+            paused = await self._is_paused()
 
 
 async def _heartbeat_loop(progress: GenerateProgress) -> None:
@@ -234,3 +293,4 @@ def _superseded(lease: str) -> ApplicationError:
     return ApplicationError(
         f"attempt {lease} was superseded by a newer attempt", type="Superseded", non_retryable=True
     )
+

@@ -364,3 +364,41 @@ async def requeue_dead(pool: Database, *, job_id: str, item_ids: Sequence[str]) 
         list(item_ids),
     )
     return int(count)
+
+async def set_job_paused(pool: Database, *, job_id: str, paused: bool) -> bool:
+    """Set a job's paused flag (read by its running ``generate`` activities).
+
+    Returns False when the job has no row yet (it is still being planned).
+    """
+    status = await pool.execute(
+        "UPDATE jobs SET paused = $2, updated_at = now() WHERE job_id = $1", job_id, paused
+    )
+    return status.endswith(" 1")
+
+
+async def job_paused(pool: Database, *, job_id: str) -> bool:
+    """Whether a job is paused; a job without a row is not."""
+    paused = await pool.fetchval("SELECT paused FROM jobs WHERE job_id = $1", job_id)
+    return bool(paused)
+
+
+async def release_items(
+    pool: Database, *, job_id: str, lease_owner: str, item_ids: Sequence[str]
+) -> int:
+    """Give back the items ``lease_owner`` still holds (status ``pending`` again); return
+    how many. Used when an attempt is cancelled, so its unfinished items are not left
+    ``running`` with nobody working on them."""
+    if not item_ids:
+        return 0
+    status = await pool.execute(
+        """
+        UPDATE items SET status = 'pending', lease_owner = NULL, started_at = NULL,
+                         updated_at = now()
+        WHERE job_id = $1 AND item_id = ANY($3::text[]) AND lease_owner = $2
+          AND status = 'running'
+        """,
+        job_id,
+        lease_owner,
+        list(item_ids),
+    )
+    return int(status.rsplit(" ", 1)[1])

@@ -137,6 +137,7 @@ class JobProgress(BaseModel):
     tokens: TokenCounts = Field(default_factory=TokenCounts)
     started_at: str | None = None
     failed_shards: list[int] = Field(default_factory=list)
+    paused: bool = Field(default=False, description="Paused by the pause update.")
 
     @property
     def items_done(self) -> int:
@@ -180,3 +181,26 @@ class BatchJobInput(BaseModel):
         if isinstance(data, dict) and "spec" not in data:
             return {"spec": data}
         return data
+
+# --- Job control: pause and resume (workflow updates on BatchJobWorkflow) -----------
+
+PAUSE_UPDATE = "pause"
+RESUME_UPDATE = "resume"
+# CPU activity the update handlers run: running `generate` activities cannot receive
+# signals, so the paused flag reaches them through the ledger's jobs row.
+SET_JOB_PAUSED = "set_job_paused"
+
+
+class JobPausedInput(BaseModel):
+    """Input of ``set_job_paused``."""
+
+    job_id: str
+    paused: bool
+
+
+class JobControlState(BaseModel):
+    """What the pause and resume updates answer: the job's state after the call."""
+
+    job_id: str
+    state: str
+    paused: bool

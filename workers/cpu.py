@@ -10,6 +10,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.context import ActivityContext
+from activities.control import ControlActivities
 from activities.fetch import FetchActivities
 from activities.planning import PlanningActivities
 from activities.render import RenderActivities
@@ -26,6 +27,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
     """A worker on the CPU queue with every workflow and CPU activity registered."""
     planning, fetch = PlanningActivities(ctx), FetchActivities(ctx)
     render, write = RenderActivities(ctx), WriteActivities(ctx)
+    control = ControlActivities(ctx)
     return Worker(
         client,
         task_queue=ctx.settings.cpu_task_queue,
@@ -38,6 +40,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
             fetch.fetch_shard,
             render.render_prompts,
             write.write_shard,
+            control.set_job_paused,
         ],
     )
 

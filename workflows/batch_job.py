@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -16,12 +16,17 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.pipeline import (
         BATCH_JOB_WORKFLOW,
         FINALIZE_JOB,
+        PAUSE_UPDATE,
         PLAN_JOB,
         PROGRESS_QUERY,
+        RESUME_UPDATE,
+        SET_JOB_PAUSED,
         SHARD_FINISHED_SIGNAL,
         SHARD_WORKFLOW,
         BatchJobInput,
         FinalizeInput,
+        JobControlState,
+        JobPausedInput,
         JobProgress,
         JobSummary,
         PlanResult,
@@ -31,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
 
 PLAN_TIMEOUT = timedelta(hours=1)
 FINALIZE_TIMEOUT = timedelta(minutes=15)
+# Pause and resume give up (and change nothing) if the ledger stays out of reach this long.
+CONTROL_TIMEOUT = timedelta(minutes=2)
 
 
 @workflow.defn(name=BATCH_JOB_WORKFLOW)
@@ -49,6 +56,10 @@ class BatchJobWorkflow:
         self._progress = input.state.progress or JobProgress(
             job_id=input.spec.job_id, model=input.spec.model
         )
+        self._state = input.state
+        self._finishing = False
+        # Pause and resume calls apply one at a time, in the order they came.
+        self._control = asyncio.Lock()
 
     @workflow.signal(name=SHARD_FINISHED_SIGNAL)
     def shard_finished(self, summary: ShardSummary) -> None:
@@ -57,6 +68,59 @@ class BatchJobWorkflow:
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> JobProgress:
         return self._progress
+
+    @workflow.update(name=PAUSE_UPDATE)
+    async def pause(self) -> JobControlState:
+        """Start no new shards and no new engine requests; what runs now finishes."""
+        return await self._set_paused(True)
+
+    @pause.validator
+    def _validate_pause(self) -> None:
+        self._check_controllable("pause")
+
+    @workflow.update(name=RESUME_UPDATE)
+    async def resume(self) -> JobControlState:
+        """Start shards and engine requests again."""
+        return await self._set_paused(False)
+
+    @resume.validator
+    def _validate_resume(self) -> None:
+        self._check_controllable("resume")
+
+    def _check_controllable(self, action: str) -> None:
+        p = self._progress
+        if self._finishing or p.state == "cancelled":
+            ended = "been cancelled" if p.state == "cancelled" else f"finished ({p.state})"
+            raise ApplicationError(
+                f"cannot {action} job {p.job_id}: it has {ended}",
+                type="JobNotRunning",
+                non_retryable=True,
+            )
+
+    async def _set_paused(self, paused: bool) -> JobControlState:
+        async with self._control:
+            p = self._progress
+            if self._state.plan is not None:
+                # The ledger first: a failed write leaves the job as it was.
+                await self._write_paused(paused)
+            p.paused = paused
+            if p.state in ("running", "paused"):
+                p.state = "paused" if paused else "running"
+            self._publish()
+            return JobControlState(job_id=p.job_id, state=p.state, paused=p.paused)
+
+    async def _write_paused(self, paused: bool) -> None:
+        # Running generate activities cannot get signals; they read the flag from the
+        # ledger. Before planning ends there is nothing running to tell.
+        await workflow.execute_activity(
+            SET_JOB_PAUSED,
+            JobPausedInput(job_id=self._progress.job_id, paused=paused),
+            result_type=bool,
+            start_to_close_timeout=timedelta(seconds=30),
+            schedule_to_close_timeout=CONTROL_TIMEOUT,
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            summary="resume" if not paused else "pause",
+        )
 
     @workflow.run
     async def run(self, input: BatchJobInput) -> JobSummary:
@@ -96,7 +160,7 @@ class BatchJobWorkflow:
                 raise
             progress.shards_total = state.plan.shard_count
             progress.items_total = state.plan.items_total
-            progress.state = "running"
+            progress.state = "paused" if progress.paused else "running"
             self._publish()
         plan = state.plan
 
@@ -104,15 +168,13 @@ class BatchJobWorkflow:
         try:
             while True:
                 self._count_reports(running)
-                while len(running) < spec.max_concurrent_shards and state.next_shard < (
-                    plan.shard_count
-                ):
+                while self._may_start_shard(input, running):
                     shard = state.next_shard
                     await self._start_shard(input, plan, shard)
                     running.add(shard)
                     state.next_shard += 1
                     progress.shards_running = sorted(running)
-                if not running:
+                if not running and state.next_shard >= plan.shard_count:
                     break
                 if workflow.info().is_continue_as_new_suggested():
                     await workflow.wait_condition(workflow.all_handlers_finished)
@@ -120,18 +182,23 @@ class BatchJobWorkflow:
                     state.progress = progress
                     state.finished = []
                     workflow.continue_as_new(BatchJobInput(spec=spec, state=state))
-                await workflow.wait_condition(lambda: bool(self._reports))
+                await workflow.wait_condition(
+                    lambda: bool(self._reports) or self._may_start_shard(input, running)
+                )
         except asyncio.CancelledError:
             # Abandoned children do not follow the parent's cancellation on their own.
             progress.state = "cancelled"
             for shard in sorted(running):
                 await workflow.get_external_workflow_handle(_shard_id(spec.job_id, shard)).cancel()
+            await self._end_pause()
             raise
 
         summary = JobSummary(**progress.model_dump(), output_root=plan.layout.output_root)
         summary.state = _final_state(summary)
         summary.finished_at = workflow.now().isoformat()
         self._progress.state = summary.state
+        await self._end_pause()
+        summary.paused = False
         self._publish()
         summary = await workflow.execute_activity(
             FINALIZE_JOB,
@@ -143,6 +210,28 @@ class BatchJobWorkflow:
         )
         self._progress = summary
         return summary
+
+    def _may_start_shard(self, input: BatchJobInput, running: set[int]) -> bool:
+        """A free place in the window, a shard left to start, and the job not paused."""
+        plan = input.state.plan
+        return (
+            plan is not None
+            and not self._progress.paused
+            and len(running) < input.spec.max_concurrent_shards
+            and input.state.next_shard < plan.shard_count
+        )
+
+    async def _end_pause(self) -> None:
+        """Refuse further pause/resume, let those under way finish, and clear the
+        ledger's paused flag, so a later re-drive of this job's items never waits."""
+        self._finishing = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._progress.paused and self._state.plan is not None:
+            try:
+                await self._write_paused(False)
+            except Exception:
+                workflow.logger.warning("job %s: paused flag not cleared", self._progress.job_id)
+        self._progress.paused = False
 
     async def _start_shard(self, input: BatchJobInput, plan: PlanResult, shard: int) -> None:
         job_id = input.spec.job_id
@@ -179,8 +268,24 @@ class BatchJobWorkflow:
             f"**{p.state}**: shards {p.shards_done}/{p.shards_total} done, "
             f"running {len(p.shards_running)}; items {p.items_done}/{p.items_total} done "
             f"({p.items_dead} dead); tokens {p.tokens.prompt} prompt, "
-            f"{p.tokens.completion} completion"
+            f"{p.tokens.completion} completion{self._pace()}"
         )
+
+    def _pace(self) -> str:
+        """Throughput since the job started and, while it runs, the time left at that
+        rate; from workflow time, so replays compute the same line."""
+        p = self._progress
+        if p.started_at is None:
+            return ""
+        elapsed = (workflow.now() - datetime.fromisoformat(p.started_at)).total_seconds()
+        if elapsed <= 0:
+            return ""
+        rate = p.items_done / elapsed
+        pace = f"; {rate:.1f} items/s"
+        left = p.items_total - p.items_done
+        if p.state in ("running", "paused") and left > 0 and rate > 0:
+            pace += f", ETA {_duration(left / rate)}"
+        return pace
 
     def _count_reports(self, running: set[int]) -> None:
         progress = self._progress
@@ -225,6 +330,16 @@ def _check_job_id(job_id: str) -> None:
             type="InvalidJobSpec",
             non_retryable=True,
         )
+
+
+def _duration(seconds: float) -> str:
+    """A short human duration: 45s, 3m10s, 2h05m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _shard_id(job_id: str, shard: int) -> str:

@@ -5,50 +5,34 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import CancelledError
 
 from llmbatch import planning, storage
-from llmbatch.client import TemporalUnavailable, connect, start_job
+from llmbatch.cli import progress
+from llmbatch.cli.common import (
+    CliError,
+    emit_json,
+    fail,
+    failure_message,
+    find_job,
+    job_url,
+    out,
+    run,
+)
+from llmbatch.client import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, InputFormat, JobSpec, OutputFormat
 from llmbatch.pipeline import PROGRESS_QUERY, JobProgress, JobSummary
 
-# soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-
-class CliError(Exception):
-    """Printed as one line on stderr, exit code 1."""
-
-
-def emit_json(data: Any) -> None:
-    """Machine output: plain JSON on stdout, whatever the terminal."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(1)
-
-
-def run(coro: Any) -> Any:
-    """Run a command's coroutine; turn known failures into one clear line."""
-    try:
-        return asyncio.run(coro)
-    except (CliError, TemporalUnavailable, planning.InvalidJobSpec) as exc:
-        raise fail(str(exc)) from None
+# Re-exported for the other command modules (demo).
+__all__ = ["CliError", "emit_json", "fail", "out", "register", "run"]
 
 
 def register(app: typer.Typer) -> None:
@@ -257,74 +241,29 @@ async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: boo
     if not as_json:
         verb = "submitted" if started else "already exists, following"
         out.print(f"job [bold]{spec.job_id}[/bold] {verb}")
-        out.print(f"  web ui: {_job_url(settings, spec.job_id)}")
+        out.print(f"  web ui: {job_url(settings, spec.job_id)}")
     if wait:
         summary = await _follow(client, handle, quiet=as_json)
         _print_summary(summary, as_json=as_json)
 
 
-def _job_url(settings: Settings, job_id: str) -> str:
-    return f"{settings.web_ui_url}/namespaces/{settings.temporal_namespace}/workflows/{job_id}"
-
-
 async def _follow(
-    client: Client, handle: WorkflowHandle[Any, JobSummary], *, quiet: bool
+    client: Client,
+    handle: WorkflowHandle[Any, JobSummary],
+    *,
+    quiet: bool,
+    view: progress.ProgressView | None = None,
 ) -> JobSummary:
-    """Show progress until the job ends; return its summary."""
-    result = asyncio.ensure_future(handle.result())
-    started = time.monotonic()
-    tty = sys.stderr.isatty() and not quiet
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn(
-            "{task.fields[rate]:.1f} items/s  {task.fields[tokens]:.0f} tok/s  "
-            "dead {task.fields[dead]}"
-        ),
-        TimeRemainingColumn(),
-        console=err,
-        disable=not tty,
-    ) as bar:
-        task = bar.add_task("planning", total=None, rate=0.0, tokens=0.0, dead=0)
-        last_line = 0.0
-        while not result.done():
-            await asyncio.wait([result], timeout=1.0)
-            try:
-                p: JobProgress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
-            except RPCError:
-                continue
-            elapsed = max(time.monotonic() - started, 1e-6)
-            rate = p.items_done / elapsed
-            toks = (p.tokens.prompt + p.tokens.completion) / elapsed
-            bar.update(
-                task,
-                description=p.state,
-                total=p.items_total or None,
-                completed=p.items_done,
-                rate=rate,
-                tokens=toks,
-                dead=p.items_dead,
-            )
-            if not tty and not quiet and time.monotonic() - last_line >= 10:
-                last_line = time.monotonic()
-                err.print(
-                    f"{p.state}: {p.items_done}/{p.items_total} items "
-                    f"({p.items_dead} dead), {rate:.1f} items/s"
-                )
+    """Show progress until the job ends (a bar in a terminal, lines otherwise, nothing
+    when ``quiet``); return its summary. A failed or cancelled job is a CliError."""
+    if view is None:
+        view = progress.QuietView() if quiet else progress.choose_view(out, as_json=False)
     try:
-        return result.result()
-    except Exception as exc:
-        raise CliError(f"job {handle.id} failed: {_failure_message(exc)}") from exc
-
-
-def _failure_message(exc: BaseException) -> str:
-    cause: BaseException | None = exc
-    message = str(exc)
-    while cause is not None:
-        message = str(cause) or message
-        cause = cause.__cause__ or getattr(cause, "cause", None)
-    return message
+        return await progress.follow(handle, view)
+    except WorkflowFailureError as exc:
+        if isinstance(exc.cause, CancelledError):
+            raise CliError(f"job {handle.id} was cancelled") from exc
+        raise CliError(f"job {handle.id} failed: {failure_message(exc)}") from exc
 
 
 def _print_summary(summary: JobSummary, *, as_json: bool) -> None:
@@ -356,15 +295,7 @@ def status(
 
 async def _describe(settings: Settings, job_id: str) -> tuple[str, JobProgress | JobSummary]:
     client = await connect(settings)
-    handle = client.get_workflow_handle(job_id, result_type=JobSummary)
-    try:
-        description = await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise CliError(
-                f"no job {job_id!r} in namespace {settings.temporal_namespace}"
-            ) from None
-        raise
+    handle, description = await find_job(client, settings, job_id)
     state = description.status.name.lower() if description.status else "unknown"
     if description.status == WorkflowExecutionStatus.COMPLETED:
         return state, await handle.result()
@@ -391,7 +322,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     )
     out.print(f"  tokens: {p.tokens.prompt} prompt, {p.tokens.completion} completion")
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
-    out.print(f"  web ui: {_job_url(settings, job_id)}")
+    out.print(f"  web ui: {job_url(settings, job_id)}")
 
 
 def _elapsed(p: JobProgress | JobSummary) -> float:

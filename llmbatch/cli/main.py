@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from llmbatch.cli import demo, dev, jobs, migrate, schedules, worker
+from llmbatch.cli import control, demo, dev, jobs, migrate, schedules, worker
+from llmbatch.cli.common import leave_if_client_command
 
-app = typer.Typer(
+
+class _App(typer.Typer):
+    """The console script's app: client commands end without interpreter teardown
+    (see :func:`leave_if_client_command`). Test runners invoke the click command, not
+    this, so they are unaffected."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except SystemExit as exc:
+            leave_if_client_command(exc.code)
+            raise
+
+
+app = _App(
     name="llm-batch",
     help="Durable LLM batch inference on Temporal.",
     no_args_is_help=True,
@@ -20,6 +37,7 @@ app.add_typer(schedules.app, name="schedule", help="Recurring jobs on Temporal S
 app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
 jobs.register(app)
+control.register(app)
 
 
 if __name__ == "__main__":

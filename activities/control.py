@@ -1,0 +1,23 @@
+"""set_job_paused: carries a job's pause and resume to its running ``generate`` activities.
+
+Activities cannot receive signals, so the pause update of BatchJobWorkflow writes
+the flag to the ledger's jobs row here, and ``generate`` reads it from there.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.context import ActivityContext
+from llmbatch import ledger
+from llmbatch.pipeline import SET_JOB_PAUSED, JobPausedInput
+
+
+class ControlActivities:
+    def __init__(self, ctx: ActivityContext) -> None:
+        self._ctx = ctx
+
+    @activity.defn(name=SET_JOB_PAUSED)
+    async def set_job_paused(self, input: JobPausedInput) -> bool:
+        """Set the job's paused flag; False when the job has no ledger row yet."""
+        return await ledger.set_job_paused(self._ctx.pool, job_id=input.job_id, paused=input.paused)

@@ -1,0 +1,123 @@
+"""What every CLI command shares: consoles, one-line errors, JSON output, job lookup."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+
+from llmbatch import planning
+from llmbatch.client import TemporalUnavailable
+from llmbatch.config import Settings
+from llmbatch.pipeline import JobSummary
+
+# soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class CliError(Exception):
+    """Printed as one line on stderr, exit code 1."""
+
+
+def emit_json(data: Any) -> None:
+    """Machine output: plain JSON on stdout, whatever the terminal."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def emit_json_line(data: Any) -> None:
+    """One JSON document on one line (a stream of them is JSON Lines), flushed at once."""
+    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str) -> typer.Exit:
+    """Print ``message`` as one error line on stderr; raise the returned Exit (code 1)."""
+    # One line whatever the message holds: a multi-line cause would break scripts
+    # that read the first line of stderr.
+    line = " ".join(message.split())
+    err.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+class _ClientCommand:
+    """Set once a command has run a Temporal client (see :func:`leave_if_client_command`)."""
+
+    ran = False
+
+
+def run(coro: Any) -> Any:
+    """Run a command's coroutine; turn known failures into one clear line."""
+    _ClientCommand.ran = True
+    try:
+        return asyncio.run(coro)
+    except (CliError, TemporalUnavailable, planning.InvalidJobSpec) as exc:
+        raise fail(str(exc)) from None
+    except RPCError as exc:
+        # The server answered, but not as expected (unavailable, permission, ...).
+        raise fail(f"Temporal refused the call: {exc.message or exc}") from None
+
+
+def job_url(settings: Settings, job_id: str) -> str:
+    """The job's page in the Temporal Web UI."""
+    return f"{settings.web_ui_url}/namespaces/{settings.temporal_namespace}/workflows/{job_id}"
+
+
+def failure_message(exc: BaseException) -> str:
+    """The innermost message of a failure chain: what actually went wrong."""
+    cause: BaseException | None = exc
+    message = str(exc)
+    while cause is not None:
+        message = str(cause) or message
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    return message
+
+
+async def find_job(
+    client: Client, settings: Settings, job_id: str
+) -> tuple[WorkflowHandle[Any, JobSummary], WorkflowExecutionDescription]:
+    """The job's handle (latest run) and description; CliError when there is no such job."""
+    handle = client.get_workflow_handle(job_id, result_type=JobSummary)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise CliError(
+                f"no job {job_id!r} in namespace {settings.temporal_namespace}"
+            ) from None
+        raise
+    return handle, description
+
+
+def leave_if_client_command(code: object) -> None:
+    """End a short-lived client command's process without interpreter teardown.
+
+    Temporal's Rust runtime keeps threads that can call into Python while the
+    interpreter finalizes, which sometimes aborts the process ("Fatal Python error:
+    PyGILState_Release", temporalio/sdk-python#300) after the command has done its
+    work. So once the command is done: flush the output, run the exit handlers
+    (telemetry flushes its spans there), and exit with the command's code at once.
+    Long-running commands (workers, the dev stack, the demo) end normally.
+    """
+    if not _ClientCommand.ran:
+        return
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): Python prints it and exits with 1
+        print(code, file=sys.stderr)
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(status)
