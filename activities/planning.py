@@ -19,6 +19,8 @@ from llmbatch.pipeline import (
     JobLayout,
     JobSummary,
     PlanResult,
+    TokenCounts,
+    final_state,
 )
 
 
@@ -46,6 +48,14 @@ class PlanningActivities:
         for shard in shards:
             await self._ctx.write(layout.shard_plan(shard.index), shard.model_dump_json().encode())
             activity.heartbeat(shard.index)
+        await ledger.record_shards(
+            self._ctx.pool,
+            job_id=spec.job_id,
+            shards=[
+                ledger.PlannedShard(s.index, s.uri, s.first_row, s.row_count, s.first_line)
+                for s in shards
+            ],
+        )
         await ledger.upsert_job(
             self._ctx.pool,
             job_id=spec.job_id,
@@ -62,9 +72,19 @@ class PlanningActivities:
 
     @activity.defn(name=FINALIZE_JOB)
     async def finalize_job(self, input: FinalizeInput) -> JobSummary:
-        """Write the manifest next to the output, record the outcome, drop staging."""
+        """Write the manifest next to the output, record the outcome, drop staging.
+
+        Counts come from the ledger, the source of truth, not from the shards' reports:
+        a dead-letter re-drive finalizes again and the numbers follow.
+        """
         summary = input.summary.model_copy()
         layout = input.layout
+        counts = await ledger.job_counts(self._ctx.pool, job_id=summary.job_id)
+        summary.items_succeeded, summary.items_dead = counts.succeeded, counts.dead
+        summary.tokens = TokenCounts(
+            prompt=counts.prompt_tokens, completion=counts.completion_tokens
+        )
+        summary.state = final_state(summary)
         if summary.started_at and summary.finished_at:
             started = datetime.fromisoformat(summary.started_at)
             summary.elapsed_s = (

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from temporalio import activity
 
 from activities.context import ActivityContext
 from llmbatch import ledger, openai_batch, telemetry
-from llmbatch.contracts import InputFormat, JobSpec
+from llmbatch.contracts import InputFormat, JobSpec, SamplingSpec
 from llmbatch.pipeline import RENDER_PROMPTS, RenderResult, ShardInput
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.templates import PromptTemplate, TemplateError
@@ -24,20 +25,31 @@ class RenderActivities:
         """Render every row; rows that can never run go to the dead list right here."""
         layout, spec, shard = input.layout, input.spec, input.shard
         rows = list(load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow))
-        requests, dead = _render(spec, layout.input_format, rows, shard=shard)
-
-        new_items = [
-            ledger.NewItem(
-                item_id=row.item_id,
-                ordinal=row.ordinal,
-                prompt_hash=prompt_hash,
-                source=row.source,
-            )
-            for row, prompt_hash in _hashes(rows, requests)
-        ]
-        done = await ledger.register_items(
-            self._ctx.pool, job_id=spec.job_id, shard=shard, items=new_items
+        requests, dead = _render(
+            spec, layout.input_format, rows, shard=shard, overrides=input.sampling_overrides
         )
+        registered = await ledger.register_items(
+            self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(rows, requests)
+        )
+        if registered.elsewhere:
+            # Another shard has these ids: the copies here get ids of their own (by
+            # position) and die, so every row is accounted for exactly once.
+            rows, repeated = _rename_repeated(rows, registered.elsewhere)
+            for row in repeated:
+                requests.pop(row.fields_id, None)
+                dead.append(
+                    ledger.DeadItem(
+                        item_id=row.item_id,
+                        shard=shard,
+                        error_class="InvalidItemId",
+                        error_message=f"item id {row.fields_id!r} repeats a row of another shard",
+                        source=row.source,
+                    )
+                )
+            registered = await ledger.register_items(
+                self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(rows, requests)
+            )
+        done = registered.done
         todo_dead = [d for d in dead if d.item_id not in done]
         if todo_dead:
             marked = await ledger.record_dead(
@@ -54,10 +66,48 @@ class RenderActivities:
         return RenderResult(to_generate=len(todo), already_done=len(done), dead=len(todo_dead))
 
 
+class _Repeated(StagedRow):
+    fields_id: str
+
+
+def _rename_repeated(
+    rows: list[StagedRow], elsewhere: set[str]
+) -> tuple[list[StagedRow], list[_Repeated]]:
+    renamed: list[StagedRow] = []
+    repeated: list[_Repeated] = []
+    for row in rows:
+        if row.item_id in elsewhere:
+            copy = _Repeated(
+                **row.model_dump(exclude={"item_id"}),
+                item_id=f"{row.item_id}#row-{row.ordinal}",
+                fields_id=row.item_id,
+            )
+            repeated.append(copy)
+            renamed.append(copy)
+        else:
+            renamed.append(row)
+    return renamed, repeated
+
+
+def _new_items(rows: list[StagedRow], requests: dict[str, StagedRequest]) -> list[ledger.NewItem]:
+    return [
+        ledger.NewItem(
+            item_id=row.item_id, ordinal=row.ordinal, prompt_hash=prompt_hash, source=row.source
+        )
+        for row, prompt_hash in _hashes(rows, requests)
+    ]
+
+
 def _render(
-    spec: JobSpec, fmt: InputFormat, rows: list[StagedRow], *, shard: int
+    spec: JobSpec,
+    fmt: InputFormat,
+    rows: list[StagedRow],
+    *,
+    shard: int,
+    overrides: dict[str, Any],
 ) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
     template = PromptTemplate(spec.messages) if spec.messages else None
+    default = _override(spec.sampling, overrides)
     requests: dict[str, StagedRequest] = {}
     dead: list[ledger.DeadItem] = []
 
@@ -84,6 +134,7 @@ def _render(
             except openai_batch.InvalidRequest as exc:
                 fail(row, "InvalidRequest", str(exc))
                 continue
+            sampling = _override(sampling, overrides)
             requests[row.item_id] = StagedRequest(
                 item_id=row.item_id,
                 source=row.source,
@@ -98,9 +149,19 @@ def _render(
                 fail(row, "TemplateError", str(exc))
                 continue
             requests[row.item_id] = StagedRequest(
-                item_id=row.item_id, source=row.source, messages=messages
+                item_id=row.item_id,
+                source=row.source,
+                messages=messages,
+                sampling=None if default == spec.sampling else default,
             )
     return requests, dead
+
+
+def _override(sampling: SamplingSpec, overrides: dict[str, Any]) -> SamplingSpec:
+    """A re-drive's sampling fields win over the job's and the request's own."""
+    if not overrides:
+        return sampling
+    return SamplingSpec.model_validate({**sampling.model_dump(), **overrides})
 
 
 def _hashes(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from temporalio import activity
@@ -57,22 +58,37 @@ class WriteActivities:
             out_rows, err_rows = _openai_lines(spec, entries)
             part = layout.output_part(shard, "jsonl")
             await self._ctx.write(part, formats.write_jsonl(out_rows))
-            summary.output_parts.append(part)
-            if err_rows:
-                errors = layout.error_part(shard)
-                await self._ctx.write(errors, formats.write_jsonl(err_rows))
-                summary.output_parts.append(errors)
-            return summary
-
-        out = [_output_row(spec, e, rows.get(e.item_id)) for e in entries]
-        if spec.output_format is OutputFormat.PARQUET:
-            part = layout.output_part(shard, "parquet")
-            await self._ctx.write(part, formats.write_parquet(out))
         else:
-            part = layout.output_part(shard, "jsonl")
-            await self._ctx.write(part, formats.write_jsonl(out))
+            out = [_output_row(spec, e, rows.get(e.item_id)) for e in entries]
+            err_rows = [_error_line(e) for e in entries if e.status == "dead"]
+            if spec.output_format is OutputFormat.PARQUET:
+                part = layout.output_part(shard, "parquet")
+                await self._ctx.write(part, formats.write_parquet(out))
+            else:
+                part = layout.output_part(shard, "jsonl")
+                await self._ctx.write(part, formats.write_jsonl(out))
         summary.output_parts.append(part)
+        errors = layout.error_part(shard)
+        if err_rows:
+            await self._ctx.write(errors, formats.write_jsonl(err_rows))
+            summary.output_parts.append(errors)
+        else:
+            # A re-drive can leave a shard without errors: its old error file must go.
+            store = self._ctx.store(errors)
+            await asyncio.to_thread(store.delete_prefix, errors)
         return summary
+
+
+def _error_line(entry: ledger.LedgerRow) -> dict[str, Any]:
+    return {
+        "item_id": entry.item_id,
+        "error": {
+            "class": entry.error_class,
+            "message": entry.error_message,
+            "source": entry.source,
+            "attempts": entry.attempt,
+        },
+    }
 
 
 def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -> dict[str, Any]:

@@ -60,6 +60,12 @@ class SamplingSpec(_Strict):
     choice: list[str] | None = Field(default=None, min_length=1)
     json_schema: dict[str, Any] | None = None
     regex: str | None = None
+    truncate_prompt_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Keep only the last N tokens of a longer prompt (vLLM's left "
+        "truncation), e.g. to re-drive items whose prompt exceeded the context.",
+    )
 
     @model_validator(mode="after")
     def _one_constraint(self) -> Self:

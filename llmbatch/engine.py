@@ -316,12 +316,16 @@ class Engine:
             return _failed(request, INVALID_PROMPT, f"cannot render the prompt: {exc}")
         if not ids:
             return _failed(request, INVALID_PROMPT, "the prompt is empty")
+        keep = request.sampling.truncate_prompt_tokens
+        if keep is not None and len(ids) > keep:
+            ids = ids[-keep:]
         if len(ids) >= self.max_model_len:
             return _failed(
                 request,
                 PROMPT_TOO_LONG,
                 f"prompt has {len(ids)} tokens; the model's context of {self.max_model_len} "
-                "tokens leaves no room to generate",
+                "tokens leaves no room to generate (re-drive with truncate_prompt_tokens, "
+                "or on a worker with a longer --max-model-len)",
                 prompt_tokens=len(ids),
             )
         final = None

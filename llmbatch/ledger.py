@@ -36,6 +36,45 @@ class NewItem:
 
 
 @dataclass(slots=True)
+class PlannedShard:
+    """A shard as planned: enough to account for its rows if they are never read."""
+
+    shard: int
+    uri: str
+    first_row: int
+    row_count: int
+    first_line: int | None
+
+
+@dataclass(slots=True)
+class ShardCounts:
+    """A shard's items by outcome, once it has ended one way or another."""
+
+    succeeded: int
+    dead: int
+    prompt_tokens: int
+    completion_tokens: int
+    marked: int = 0  # how many of the dead were marked by this call
+
+
+@dataclass(slots=True)
+class Registered:
+    """What registering a shard's items found: ids already finished, and ids that
+    another shard of the job registered first (a repeated item id)."""
+
+    done: set[str]
+    elsewhere: set[str]
+
+
+@dataclass(slots=True)
+class Requeued:
+    """What a dead-letter re-drive made pending again."""
+
+    item_ids: list[str]
+    shards: list[int]
+
+
+@dataclass(slots=True)
 class ItemResult:
     """A successful generation; ``result`` holds text, parsed output, finish reason."""
 
@@ -165,14 +204,52 @@ async def finish_job(
     )
 
 
+async def record_shards(pool: Database, *, job_id: str, shards: Sequence[PlannedShard]) -> None:
+    """Record a job's planned shards once (a re-planned job keeps the first plan)."""
+    if not shards:
+        return
+    await pool.execute(
+        """
+        INSERT INTO shards (job_id, shard, uri, first_row, row_count, first_line)
+        SELECT $1, t.shard, t.uri, t.first_row, t.row_count, t.first_line
+        FROM unnest($2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::int[])
+             AS t(shard, uri, first_row, row_count, first_line)
+        ON CONFLICT (job_id, shard) DO NOTHING
+        """,
+        job_id,
+        [s.shard for s in shards],
+        [s.uri for s in shards],
+        [s.first_row for s in shards],
+        [s.row_count for s in shards],
+        [s.first_line for s in shards],
+    )
+
+
 async def register_items(
     pool: Database, *, job_id: str, shard: int, items: Sequence[NewItem]
-) -> set[str]:
-    """Insert pending rows for new items; return the ids that are already finished."""
+) -> Registered:
+    """Insert pending rows for new items; report those already finished and those
+    another shard holds (which this shard must not run).
+
+    Placeholders of the shard (rows a failed attempt never read) give way to the
+    real items here, and their dead letters go with them.
+    """
     if not items:
-        return set()
+        return Registered(done=set(), elsewhere=set())
     ids = [i.item_id for i in items]
     async with _transaction(pool) as conn:
+        await conn.execute(
+            """
+            WITH gone AS (
+                DELETE FROM items WHERE job_id = $1 AND shard = $2 AND placeholder
+                RETURNING item_id
+            )
+            DELETE FROM dead_letters AS d USING gone
+            WHERE d.job_id = $1 AND d.item_id = gone.item_id
+            """,
+            job_id,
+            shard,
+        )
         await conn.execute(
             """
             INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source)
@@ -181,7 +258,7 @@ async def register_items(
                  AS t(item_id, ordinal, prompt_hash, source)
             ON CONFLICT (job_id, item_id) DO UPDATE
                 SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now()
-                WHERE items.status NOT IN ('succeeded', 'dead')
+                WHERE items.shard = EXCLUDED.shard AND items.status NOT IN ('succeeded', 'dead')
             """,
             job_id,
             shard,
@@ -190,13 +267,19 @@ async def register_items(
             [i.prompt_hash for i in items],
             [i.source for i in items],
         )
+        # A concurrent shard inserting the same id waits on the key, then finds it taken.
         rows = await conn.fetch(
-            "SELECT item_id FROM items WHERE job_id = $1 AND item_id = ANY($2::text[]) "
-            "AND status IN ('succeeded', 'dead')",
+            "SELECT item_id, shard <> $3 AS elsewhere FROM items "
+            "WHERE job_id = $1 AND item_id = ANY($2::text[]) "
+            "AND (shard <> $3 OR status IN ('succeeded', 'dead'))",
             job_id,
             ids,
+            shard,
         )
-    return {r["item_id"] for r in rows}
+    return Registered(
+        done={r["item_id"] for r in rows if not r["elsewhere"]},
+        elsewhere={r["item_id"] for r in rows if r["elsewhere"]},
+    )
 
 
 async def claim_items(
@@ -325,45 +408,136 @@ async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
     return JobCounts(**{k: int(v) for k, v in dict(row).items()})
 
 
-async def dead_items(pool: Database, *, job_id: str) -> list[DeadLetter]:
-    """A job's dead letters, by shard and item id."""
+async def dead_items(pool: Database, *, job_id: str, shard: int | None = None) -> list[DeadLetter]:
+    """A job's dead letters (or one shard's), by shard and item id."""
     rows = await pool.fetch(
         """
         SELECT item_id, shard, error_class, error_message, source, attempts, created_at
-        FROM dead_letters WHERE job_id = $1 ORDER BY shard, item_id
+        FROM dead_letters WHERE job_id = $1 AND ($2::int IS NULL OR shard = $2)
+        ORDER BY shard, item_id
         """,
         job_id,
+        shard,
     )
     return [DeadLetter(**dict(r)) for r in rows]
 
 
-async def requeue_dead(pool: Database, *, job_id: str, item_ids: Sequence[str]) -> int:
-    """Make dead items pending again (dead-letter re-drive); return how many.
+async def requeue_dead(
+    pool: Database,
+    *,
+    job_id: str,
+    item_ids: Sequence[str] | None = None,
+    error_classes: Sequence[str] | None = None,
+) -> Requeued:
+    """Make dead items pending again (dead-letter re-drive): those of ``item_ids``
+    and of ``error_classes``, or every dead item when neither is given.
 
     The one way out of a terminal status: the error is cleared, the dead letter
     deleted, and the attempt count kept as history.
     """
-    if not item_ids:
-        return 0
-    count = await pool.fetchval(
+    if item_ids is not None and not item_ids and not error_classes:
+        return Requeued(item_ids=[], shards=[])
+    rows = await pool.fetch(
         """
         WITH requeued AS (
             UPDATE items SET status = 'pending', lease_owner = NULL, error_class = NULL,
                              error_message = NULL, started_at = NULL, finished_at = NULL,
                              updated_at = now()
-            WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status = 'dead'
-            RETURNING item_id
+            WHERE job_id = $1 AND status = 'dead'
+              AND (($2::text[] IS NULL AND $3::text[] IS NULL)
+                   OR item_id = ANY($2::text[]) OR error_class = ANY($3::text[]))
+            RETURNING item_id, shard
         ), forgotten AS (
             DELETE FROM dead_letters AS d USING requeued AS r
             WHERE d.job_id = $1 AND d.item_id = r.item_id
             RETURNING 1
         )
-        SELECT count(*) FROM requeued
+        SELECT item_id, shard FROM requeued ORDER BY shard, item_id
         """,
         job_id,
-        list(item_ids),
+        None if item_ids is None else list(item_ids),
+        None if error_classes is None else list(error_classes),
     )
-    return int(count)
+    return Requeued(
+        item_ids=[r["item_id"] for r in rows], shards=sorted({r["shard"] for r in rows})
+    )
+
+
+async def dead_letter_shard(
+    pool: Database, *, job_id: str, shard: int, error_class: str, error_message: str
+) -> ShardCounts:
+    """A shard failed for good: every item of it not finished yet becomes dead.
+
+    When its rows were never read (no items registered), one placeholder item per
+    planned row stands for them, so the job's counts still add up and a re-drive
+    can bring them back. Returns the shard's counts afterwards.
+    """
+    async with _transaction(pool) as conn:
+        planned = await conn.fetchrow(
+            "SELECT uri, first_row, row_count FROM shards WHERE job_id = $1 AND shard = $2",
+            job_id,
+            shard,
+        )
+        registered = await conn.fetchval(
+            "SELECT count(*) FROM items WHERE job_id = $1 AND shard = $2", job_id, shard
+        )
+        if planned is not None and registered == 0 and planned["row_count"] > 0:
+            count = int(planned["row_count"])
+            ordinals = list(range(planned["first_row"], planned["first_row"] + count))
+            await conn.execute(
+                """
+                INSERT INTO items (job_id, item_id, shard, ordinal, source, placeholder)
+                SELECT $1, 'row-' || t.ordinal, $2, t.ordinal,
+                       format('%s (row %s of %s in shard %s, never read)', $3::text, t.n, $4::text,
+                              $2::int),
+                       true
+                FROM unnest($5::bigint[], $6::bigint[]) AS t(ordinal, n)
+                ON CONFLICT (job_id, item_id) DO NOTHING
+                """,
+                job_id,
+                shard,
+                planned["uri"],
+                str(count),
+                ordinals,
+                list(range(1, count + 1)),
+            )
+        unfinished = await conn.fetch(
+            "SELECT item_id FROM items WHERE job_id = $1 AND shard = $2 "
+            "AND status NOT IN ('succeeded', 'dead')",
+            job_id,
+            shard,
+        )
+        marked = await record_dead(
+            conn,
+            job_id=job_id,
+            lease_owner=None,
+            items=[
+                DeadItem(
+                    item_id=r["item_id"],
+                    shard=shard,
+                    error_class=error_class,
+                    error_message=error_message,
+                    source=None,
+                )
+                for r in unfinished
+            ],
+        )
+        row = await conn.fetchrow(
+            """
+            SELECT count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                   count(*) FILTER (WHERE status = 'dead') AS dead,
+                   coalesce(sum(prompt_tokens) FILTER (WHERE status = 'succeeded'), 0)
+                       AS prompt_tokens,
+                   coalesce(sum(completion_tokens) FILTER (WHERE status = 'succeeded'), 0)
+                       AS completion_tokens
+            FROM items WHERE job_id = $1 AND shard = $2
+            """,
+            job_id,
+            shard,
+        )
+    assert row is not None
+    return ShardCounts(**{k: int(v) for k, v in dict(row).items()}, marked=marked)
+
 
 async def set_job_paused(pool: Database, *, job_id: str, paused: bool) -> bool:
     """Set a job's paused flag (read by its running ``generate`` activities).

@@ -51,7 +51,8 @@ class JobLayout(BaseModel):
         return f"{self.output_root}/_staging"
 
     def shard_plan(self, shard: int) -> str:
-        return f"{self.staging}/shard-{shard:05d}/plan.json"
+        # Not under staging: a dead-letter re-drive reads the plan after the job ended.
+        return f"{self.output_root}/_plans/shard-{shard:05d}.json"
 
     def shard_rows(self, shard: int) -> str:
         return f"{self.staging}/shard-{shard:05d}/rows.jsonl"
@@ -82,7 +83,13 @@ class ShardInput(BaseModel):
     layout: JobLayout
     shard: int
     gpu_task_queue: str
-    parent_workflow_id: str
+    parent_workflow_id: str | None = Field(
+        default=None, description="Job workflow to signal when done; None: just return."
+    )
+    redrive: int = Field(default=0, description="Re-drive number; 0 for the job's own run.")
+    sampling_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Re-drive: sampling fields that replace the items'."
+    )
 
 
 class FetchResult(BaseModel):
@@ -151,6 +158,16 @@ class JobSummary(JobProgress):
     elapsed_s: float = 0.0
 
 
+def final_state(summary: JobProgress) -> str:
+    """How a job ended: ``succeeded`` (nothing dead), ``completed_with_errors`` (some
+    items dead or a shard's output part missing), ``failed`` (no item succeeded)."""
+    if summary.items_total and summary.items_succeeded == 0:
+        return "failed"
+    if summary.items_dead or summary.failed_shards:
+        return "completed_with_errors"
+    return "succeeded"
+
+
 class FinalizeInput(BaseModel):
     spec: JobSpec
     layout: JobLayout
@@ -182,6 +199,7 @@ class BatchJobInput(BaseModel):
             return {"spec": data}
         return data
 
+
 # --- Job control: pause and resume (workflow updates on BatchJobWorkflow) -----------
 
 PAUSE_UPDATE = "pause"
@@ -204,3 +222,115 @@ class JobControlState(BaseModel):
     job_id: str
     state: str
     paused: bool
+
+
+# --- Dead letters: one DeadLetterWorkflow per job, id "<job>/dlq" -----------------------
+
+DEAD_LETTER_WORKFLOW = "DeadLetterWorkflow"
+DEAD_LETTERS_SIGNAL = "dead_letters"
+JOB_FINISHED_SIGNAL = "job_finished"
+DEAD_LETTERS_QUERY = "dead_letters"
+REDRIVE_UPDATE = "redrive"
+FAIL_SHARD = "fail_shard"
+REPORT_DEAD_LETTERS = "report_dead_letters"
+REQUEUE_DEAD_LETTERS = "requeue_dead_letters"
+
+
+def dead_letter_workflow_id(job_id: str) -> str:
+    return f"{job_id}/dlq"
+
+
+class DeadLetterEntry(BaseModel):
+    """A dead item as the dead-letter list shows it (the message is cut short)."""
+
+    item_id: str
+    shard: int
+    error_class: str
+    message: str
+    attempts: int
+    source: str | None = None
+
+
+class ShardDeadLetters(BaseModel):
+    """A shard's dead items as last reported; a new report replaces the old one."""
+
+    shard: int
+    by_class: dict[str, int] = Field(default_factory=dict)
+    entries: list[DeadLetterEntry] = Field(
+        default_factory=list, description="Listed entries; may be fewer than the count."
+    )
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_class.values())
+
+
+class FailShardInput(BaseModel):
+    job_id: str
+    model: str
+    shard: int
+    error_class: str
+    message: str
+
+
+class ShardCountsResult(BaseModel):
+    succeeded: int
+    dead: int
+    tokens: TokenCounts
+
+
+class RequeueInput(BaseModel):
+    job_id: str
+    item_ids: list[str] | None = None
+    error_classes: list[str] | None = None
+
+
+class RequeueResult(BaseModel):
+    requeued: int
+    shards: list[int]
+
+
+class RedriveRequest(BaseModel):
+    """What to re-drive: all dead items, or those with the given ids or error classes;
+    ``sampling`` replaces sampling fields for them (e.g. a larger max_tokens)."""
+
+    item_ids: list[str] | None = None
+    error_classes: list[str] | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+
+class RedriveResult(BaseModel):
+    redrive: int
+    requeued: int
+    succeeded: int
+    dead: int
+    shards: list[int]
+
+
+class DeadLetterState(BaseModel):
+    """Carried across continue-as-new."""
+
+    shards: dict[int, ShardDeadLetters] = Field(default_factory=dict)
+    job: JobSummary | None = Field(default=None, description="The job's latest summary.")
+    redrives: list[RedriveResult] = Field(default_factory=list)
+
+
+class DeadLetterInput(BaseModel):
+    job_id: str
+    spec: JobSpec
+    layout: JobLayout
+    gpu_task_queue: str
+    state: DeadLetterState = Field(default_factory=DeadLetterState)
+
+
+class DeadLetterView(BaseModel):
+    """Answer to the ``dead_letters`` query."""
+
+    job_id: str
+    dead: int
+    by_class: dict[str, int]
+    entries: list[DeadLetterEntry]
+    listed_all: bool = Field(description="False when only part of the entries is listed.")
+    job: JobSummary | None
+    redrives: list[RedriveResult]
+    redriving: bool

@@ -11,6 +11,7 @@ from temporalio.worker import Worker
 
 from activities.context import ActivityContext
 from activities.control import ControlActivities
+from activities.dead_letters import DeadLetterActivities
 from activities.fetch import FetchActivities
 from activities.planning import PlanningActivities
 from activities.render import RenderActivities
@@ -18,8 +19,10 @@ from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
+from workers.heartbeat import BackgroundHeartbeatInterceptor
 from workers.shutdown import wait_for_stop_signal
 from workflows.batch_job import BatchJobWorkflow
+from workflows.dead_letter import DeadLetterWorkflow
 from workflows.shard import ShardWorkflow
 
 
@@ -28,18 +31,23 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
     planning, fetch = PlanningActivities(ctx), FetchActivities(ctx)
     render, write = RenderActivities(ctx), WriteActivities(ctx)
     control = ControlActivities(ctx)
+    dead_letters = DeadLetterActivities(ctx)
     return Worker(
         client,
         task_queue=ctx.settings.cpu_task_queue,
-        workflows=[BatchJobWorkflow, ShardWorkflow],
+        workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
         # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
-        interceptors=telemetry.worker_interceptors(client),
+        # Heartbeats: a killed worker's steps move on after their heartbeat timeout.
+        interceptors=[*telemetry.worker_interceptors(client), BackgroundHeartbeatInterceptor()],
         activities=[
             planning.plan_job,
             planning.finalize_job,
             fetch.fetch_shard,
             render.render_prompts,
             write.write_shard,
+            dead_letters.fail_shard,
+            dead_letters.report_dead_letters,
+            dead_letters.requeue_dead_letters,
             control.set_job_paused,
         ],
     )

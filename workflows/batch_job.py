@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.pipeline import (
         BATCH_JOB_WORKFLOW,
         FINALIZE_JOB,
+        JOB_FINISHED_SIGNAL,
         PAUSE_UPDATE,
         PLAN_JOB,
         PROGRESS_QUERY,
@@ -32,6 +33,8 @@ with workflow.unsafe.imports_passed_through():
         PlanResult,
         ShardInput,
         ShardSummary,
+        dead_letter_workflow_id,
+        final_state,
     )
 
 PLAN_TIMEOUT = timedelta(hours=1)
@@ -194,7 +197,7 @@ class BatchJobWorkflow:
             raise
 
         summary = JobSummary(**progress.model_dump(), output_root=plan.layout.output_root)
-        summary.state = _final_state(summary)
+        summary.state = final_state(summary)
         summary.finished_at = workflow.now().isoformat()
         self._progress.state = summary.state
         await self._end_pause()
@@ -209,6 +212,12 @@ class BatchJobWorkflow:
             summary="write manifest",
         )
         self._progress = summary
+        self._publish()
+        if summary.items_dead:
+            # Re-drives wait for this: they must not race the job's own shards.
+            await workflow.get_external_workflow_handle(
+                dead_letter_workflow_id(spec.job_id)
+            ).signal(JOB_FINISHED_SIGNAL, summary)
         return summary
 
     def _may_start_shard(self, input: BatchJobInput, running: set[int]) -> bool:
@@ -305,6 +314,16 @@ class BatchJobWorkflow:
             self._publish()
 
 
+def _duration(seconds: float) -> str:
+    """A short human duration: 45s, 3m10s, 2h05m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def _take_workflow_id(input: BatchJobInput) -> None:
     """A spec that leaves the job id out takes the workflow id, so each run of a
     Temporal Schedule ("<schedule>-<scheduled UTC time>") is a job of its own: the
@@ -332,23 +351,5 @@ def _check_job_id(job_id: str) -> None:
         )
 
 
-def _duration(seconds: float) -> str:
-    """A short human duration: 45s, 3m10s, 2h05m."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def _shard_id(job_id: str, shard: int) -> str:
     return f"{job_id}/shard-{shard:05d}"
-
-
-def _final_state(summary: JobSummary) -> str:
-    if summary.failed_shards or (summary.items_total and summary.items_dead == summary.items_total):
-        return "failed"
-    if summary.items_dead:
-        return "completed_with_errors"
-    return "succeeded"

@@ -42,7 +42,9 @@ async def test_a_job_is_recorded_once(ledger_pool: asyncpg.Pool) -> None:
 
 
 async def test_register_claim_record_round_trip(ledger_pool: asyncpg.Pool) -> None:
-    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3)) == set()
+    assert (
+        await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3))
+    ).done == set()
     claimed = await ledger.claim_items(
         ledger_pool, job_id=JOB, item_ids=["i0", "i1", "i2"], lease_owner="a"
     )
@@ -96,7 +98,7 @@ async def test_a_finished_item_is_never_claimed_or_rewritten(ledger_pool: asyncp
     await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner="a", items=[dead("i1")])
 
     # A re-run of the shard: registering again reports both as done; claiming skips them.
-    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3)) == {
+    assert (await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3))).done == {
         "i0",
         "i1",
     }
@@ -206,7 +208,8 @@ async def test_requeue_brings_a_dead_item_back(ledger_pool: asyncpg.Pool) -> Non
     await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="a", results=[result("i1")])
 
     # Only the dead one moves; a succeeded or pending item is not "re-driven".
-    assert await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=["i0", "i1", "i2"]) == 1
+    requeued = await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=["i0", "i1", "i2"])
+    assert requeued == ledger.Requeued(item_ids=["i0"], shards=[0])
     assert await ledger.dead_items(ledger_pool, job_id=JOB) == []
     (row, *_) = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
     assert (row.status, row.error_class, row.error_message, row.attempt) == (
@@ -215,9 +218,11 @@ async def test_requeue_brings_a_dead_item_back(ledger_pool: asyncpg.Pool) -> Non
         None,
         1,
     )
-    assert await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=["i0"]) == 0
+    assert (await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=["i0"])).item_ids == []
 
-    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3)) == {"i1"}
+    assert (await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3))).done == {
+        "i1"
+    }
     claimed = await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0"], lease_owner="c")
     assert claimed == {"i0"}
     assert (
@@ -254,11 +259,13 @@ async def test_calls_join_a_callers_transaction(ledger_pool: asyncpg.Pool) -> No
 
 
 async def test_empty_batches_are_no_ops(ledger_pool: asyncpg.Pool) -> None:
-    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=[]) == set()
+    assert await ledger.register_items(
+        ledger_pool, job_id=JOB, shard=0, items=[]
+    ) == ledger.Registered(set(), set())
     assert await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=[], lease_owner="a") == set()
     assert await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="a", results=[]) == 0
     assert await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner=None, items=[]) == 0
-    assert await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=[]) == 0
+    assert (await ledger.requeue_dead(ledger_pool, job_id=JOB, item_ids=[])).item_ids == []
     assert await ledger.job_counts(ledger_pool, job_id=JOB) == ledger.JobCounts(0, 0, 0, 0, 0, 0, 0)
 
 
@@ -268,7 +275,9 @@ async def test_ten_thousand_items(ledger_pool: asyncpg.Pool, batch: int) -> None
     items = new(n)
     ids = [i.item_id for i in items]
     started = time.perf_counter()
-    assert await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=items) == set()
+    assert (
+        await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=items)
+    ).done == set()
     registered = time.perf_counter()
     claimed = await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=ids, lease_owner="a")
     assert len(claimed) == n
@@ -288,4 +297,82 @@ async def test_ten_thousand_items(ledger_pool: asyncpg.Pool, batch: int) -> None
     counts = await ledger.job_counts(ledger_pool, job_id=JOB)
     assert (counts.succeeded, counts.prompt_tokens, counts.completion_tokens) == (n, 3 * n, 2 * n)
     # A re-run of the whole shard finds everything done in one call.
-    assert len(await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=items)) == n
+    assert (
+        len((await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=items)).done) == n
+    )
+
+
+async def test_an_id_registered_by_another_shard_is_reported_not_taken(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(2))
+    registered = await ledger.register_items(
+        ledger_pool, job_id=JOB, shard=1, items=[ledger.NewItem("i1", 7, "h", "g.jsonl:line 1")]
+    )
+    assert registered == ledger.Registered(done=set(), elsewhere={"i1"})
+    # The first shard keeps the item: same shard, same ordinal as before.
+    (_, row) = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
+    assert (row.item_id, row.ordinal) == ("i1", 1)
+    assert await ledger.shard_results(ledger_pool, job_id=JOB, shard=1) == []
+
+
+async def test_a_shard_that_fails_unread_is_held_by_dead_placeholders(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    await ledger.record_shards(
+        ledger_pool,
+        job_id=JOB,
+        shards=[
+            ledger.PlannedShard(0, "s3://b/in.jsonl", 0, 2, 1),
+            ledger.PlannedShard(1, "s3://b/in.jsonl", 2, 3, 3),
+        ],
+    )
+    counts = await ledger.dead_letter_shard(
+        ledger_pool, job_id=JOB, shard=1, error_class="StorageError", error_message="503"
+    )
+    assert (counts.succeeded, counts.dead) == (0, 3)
+    letters = await ledger.dead_items(ledger_pool, job_id=JOB, shard=1)
+    assert [d.item_id for d in letters] == ["row-2", "row-3", "row-4"]
+    assert {d.error_class for d in letters} == {"StorageError"}
+    assert letters[0].source == "s3://b/in.jsonl (row 1 of 3 in shard 1, never read)"
+
+    # A re-drive makes them pending; reading the real rows then replaces them.
+    requeued = await ledger.requeue_dead(ledger_pool, job_id=JOB, error_classes=["StorageError"])
+    assert requeued == ledger.Requeued(item_ids=["row-2", "row-3", "row-4"], shards=[1])
+    real = [ledger.NewItem(f"id-{k}", 2 + k, "h", f"in.jsonl:line {3 + k}") for k in range(3)]
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=1, items=real)
+    assert list(await statuses(ledger_pool, shard=1)) == ["id-0", "id-1", "id-2"]
+    assert (await ledger.job_counts(ledger_pool, job_id=JOB)).total == 3
+
+
+async def test_a_failed_shard_keeps_its_results_and_kills_the_rest(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3))
+    await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0", "i1"], lease_owner="a")
+    await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="a", results=[result("i0")])
+    counts = await ledger.dead_letter_shard(
+        ledger_pool, job_id=JOB, shard=0, error_class="ShardFailed", error_message="gone"
+    )
+    assert (counts.succeeded, counts.dead, counts.prompt_tokens) == (1, 2, 3)
+    assert await statuses(ledger_pool) == {"i0": "succeeded", "i1": "dead", "i2": "dead"}
+    # The source of a row that was read stays its own (file and line).
+    assert {d.source for d in await ledger.dead_items(ledger_pool, job_id=JOB)} == {
+        "f.jsonl:line 2",
+        "f.jsonl:line 3",
+    }
+
+
+async def test_requeue_by_error_class_or_everything(ledger_pool: asyncpg.Pool) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(3))
+    await ledger.record_dead(
+        ledger_pool,
+        job_id=JOB,
+        lease_owner=None,
+        items=[dead("i0", "A"), dead("i1", "B"), dead("i2", "B")],
+    )
+    assert (await ledger.requeue_dead(ledger_pool, job_id=JOB, error_classes=["B"])).item_ids == [
+        "i1",
+        "i2",
+    ]
+    assert (await ledger.requeue_dead(ledger_pool, job_id=JOB)).item_ids == ["i0"]
