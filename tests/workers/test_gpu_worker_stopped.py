@@ -40,6 +40,20 @@ pytestmark = pytest.mark.slow
 ROWS, SHARD = 2000, 500
 
 
+async def until_both_slots_busy(pool: Any, job_id: str) -> None:
+    """Wait until the worker runs ``generate`` for two shards, its every slot. With a
+    free slot its poll would stay open while it is stopped, and Temporal could hand
+    it the next shard, started only when it wakes: a stale attempt whose claim takes
+    the items from the newer attempt (claims are not fenced by attempt number yet)."""
+    for _ in range(3000):
+        rows = await items_by_id(pool, job_id)
+        leases = {r["lease_owner"] for r in rows.values() if r["status"] == "running"}
+        if len(leases) == 2:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("the worker never ran two shards at once")
+
+
 async def until_taken_over(pool: Any, job_id: str, held: dict[str, str]) -> None:
     """Wait until a newer attempt holds every item the stopped worker held, and has
     finished some of them."""
@@ -82,6 +96,7 @@ async def test_stopped_gpu_worker_wakes_up_as_a_zombie_and_changes_nothing(
         )
         handle, _ = await start_job(temporal_client, spec, settings=stack)
         await until_done(pool, spec.job_id, ROWS // 8, in_flight=True)
+        await until_both_slots_busy(pool, spec.job_id)
         signal_group(zombie, signal.SIGSTOP)
         stopped_at = time.monotonic()
         before = await items_by_id(pool, spec.job_id)
