@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from opentelemetry.trace import Span
 from temporalio import activity
@@ -50,7 +51,8 @@ class GenerateActivities:
     async def generate(self, input: ShardInput) -> GenerateResult:
         """Generate every request of the shard that the ledger does not have yet."""
         info = activity.info()
-        lease = f"{info.workflow_id}/{info.activity_id}#{info.attempt}"
+        holder = f"{info.workflow_id}/{info.activity_id}"
+        lease = f"{holder}#{info.attempt}"
         progress = (
             GenerateProgress.model_validate(info.heartbeat_details[0])
             if info.heartbeat_details
@@ -63,8 +65,14 @@ class GenerateActivities:
             staged = await self._ctx.read(input.layout.shard_requests(input.shard))
             requests = {r.item_id: r for r in load_jsonl(staged, StagedRequest)}
             read_span.set_attributes(telemetry.attrs(bytes=len(staged), rows=len(requests)))
+        # Fenced by attempt: a stale attempt that starts late takes nothing from a newer one.
         claimed = await ledger.claim_items(
-            self._ctx.pool, job_id=job_id, item_ids=list(requests), lease_owner=lease
+            self._ctx.pool,
+            job_id=job_id,
+            item_ids=list(requests),
+            lease_owner=lease,
+            activity=holder,
+            attempt=info.attempt,
         )
         todo = [r for r in requests.values() if r.item_id in claimed]
         recorder = _Recorder(self._ctx, input, lease, progress, todo)
@@ -236,11 +244,13 @@ class _Recorder:
         self._results.append(
             ledger.ItemResult(
                 item_id=item_id,
-                result={
-                    "text": result.text,
-                    "finish_reason": result.finish_reason,
-                    "parsed": result.parsed,
-                },
+                result=_storable(
+                    {
+                        "text": result.text,
+                        "finish_reason": result.finish_reason,
+                        "parsed": result.parsed,
+                    }
+                ),
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens,
                 latency_ms=result.latency_ms,
@@ -294,3 +304,15 @@ def _superseded(lease: str) -> ApplicationError:
         f"attempt {lease} was superseded by a newer attempt", type="Superseded", non_retryable=True
     )
 
+
+def _storable(value: Any) -> Any:
+    """``value`` with every NUL character replaced by U+FFFD: Postgres text and jsonb
+    cannot hold NUL, and a model may emit it (random weights often do), which would
+    fail the whole batch of results on every retry."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value

@@ -283,21 +283,37 @@ async def register_items(
 
 
 async def claim_items(
-    pool: Database, *, job_id: str, item_ids: Sequence[str], lease_owner: str
+    pool: Database,
+    *,
+    job_id: str,
+    item_ids: Sequence[str],
+    lease_owner: str,
+    activity: str | None = None,
+    attempt: int | None = None,
 ) -> set[str]:
-    """Take the unfinished ones of ``item_ids`` for ``lease_owner``; return those taken."""
+    """Take the unfinished ones of ``item_ids`` for ``lease_owner``; return those taken.
+
+    With ``activity`` and ``attempt`` (the Temporal activity and its attempt number),
+    items that a newer attempt of the same activity holds are left alone: a stale
+    attempt that starts late must not take them back.
+    """
     if not item_ids:
         return set()
     rows = await pool.fetch(
         """
-        UPDATE items SET status = 'running', lease_owner = $3, attempt = attempt + 1,
+        UPDATE items SET status = 'running', lease_owner = $3, lease_activity = $4,
+                         lease_attempt = $5, attempt = attempt + 1,
                          started_at = now(), updated_at = now()
         WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status NOT IN ('succeeded', 'dead')
+          AND NOT (status = 'running' AND $4::text IS NOT NULL AND lease_activity = $4
+                   AND lease_attempt > $5)
         RETURNING item_id
         """,
         job_id,
         list(item_ids),
         lease_owner,
+        activity,
+        attempt,
     )
     return {r["item_id"] for r in rows}
 

@@ -376,3 +376,29 @@ async def test_requeue_by_error_class_or_everything(ledger_pool: asyncpg.Pool) -
         "i2",
     ]
     assert (await ledger.requeue_dead(ledger_pool, job_id=JOB)).item_ids == ["i0"]
+
+
+async def test_a_stale_attempt_cannot_claim_what_a_newer_one_holds(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(2))
+    ids = ["i0", "i1"]
+    newer = await ledger.claim_items(
+        ledger_pool, job_id=JOB, item_ids=ids, lease_owner="g#2", activity="g", attempt=2
+    )
+    assert newer == {"i0", "i1"}
+    # Attempt 1 of the same activity wakes up late: it takes nothing.
+    stale = await ledger.claim_items(
+        ledger_pool, job_id=JOB, item_ids=ids, lease_owner="g#1", activity="g", attempt=1
+    )
+    assert stale == set()
+    assert (
+        await ledger.record_results(
+            ledger_pool, job_id=JOB, lease_owner="g#2", results=[result("i0")]
+        )
+        == 1
+    )
+    # A later attempt still takes over what is unfinished.
+    assert await ledger.claim_items(
+        ledger_pool, job_id=JOB, item_ids=ids, lease_owner="g#3", activity="g", attempt=3
+    ) == {"i1"}

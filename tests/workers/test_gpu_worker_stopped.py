@@ -43,8 +43,8 @@ ROWS, SHARD = 2000, 500
 async def until_both_slots_busy(pool: Any, job_id: str) -> None:
     """Wait until the worker runs ``generate`` for two shards, its every slot. With a
     free slot its poll would stay open while it is stopped, and Temporal could hand
-    it the next shard, started only when it wakes: a stale attempt whose claim takes
-    the items from the newer attempt (claims are not fenced by attempt number yet)."""
+    it the next shard, started only when it wakes: a stale attempt, which claims are
+    fenced against (tests/llmbatch/test_ledger.py) but which this test is not about."""
     for _ in range(3000):
         rows = await items_by_id(pool, job_id)
         leases = {r["lease_owner"] for r in rows.values() if r["status"] == "running"}
