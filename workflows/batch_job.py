@@ -39,6 +39,9 @@ with workflow.unsafe.imports_passed_through():
 
 PLAN_TIMEOUT = timedelta(hours=1)
 FINALIZE_TIMEOUT = timedelta(minutes=15)
+# CPU workers heartbeat every activity in the background (workers/heartbeat.py): a
+# killed worker's step is retried after this, not after its whole timeout.
+CPU_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 # Pause and resume give up (and change nothing) if the ledger stays out of reach this long.
 CONTROL_TIMEOUT = timedelta(minutes=2)
 
@@ -150,6 +153,7 @@ class BatchJobWorkflow:
                     spec,
                     result_type=PlanResult,
                     start_to_close_timeout=PLAN_TIMEOUT,
+                    heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
                     retry_policy=retry,
                     summary="list inputs and plan shards",
                 )
@@ -208,6 +212,7 @@ class BatchJobWorkflow:
             FinalizeInput(spec=spec, layout=plan.layout, summary=summary),
             result_type=JobSummary,
             start_to_close_timeout=FINALIZE_TIMEOUT,
+            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
             retry_policy=retry,
             summary="write manifest",
         )

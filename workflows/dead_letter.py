@@ -44,6 +44,7 @@ MAX_LISTED = 2000
 # ledger and the error files keep the dead items.
 IDLE_RETENTION = timedelta(days=7)
 STEP_TIMEOUT = timedelta(minutes=15)
+CPU_HEARTBEAT_TIMEOUT = timedelta(seconds=30)  # see workers/heartbeat.py
 
 
 @workflow.defn(name=DEAD_LETTER_WORKFLOW)
@@ -164,6 +165,7 @@ class DeadLetterWorkflow:
             ),
             result_type=RequeueResult,
             start_to_close_timeout=STEP_TIMEOUT,
+            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
             summary=f"re-drive {number}: requeue dead items",
         )
@@ -189,6 +191,7 @@ class DeadLetterWorkflow:
             ),
             result_type=JobSummary,
             start_to_close_timeout=STEP_TIMEOUT,
+            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
             summary=f"re-drive {number}: rewrite manifest",
         )

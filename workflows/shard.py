@@ -136,8 +136,11 @@ class ShardWorkflow:
         """The shard cannot finish: its unfinished items die with the reason, and the
         output part is still written (when storage allows) with what did succeed."""
         cause = err.cause or err
+        # An ApplicationError's message may already start with its type's name.
         kind = cause.type if isinstance(cause, ApplicationError) and cause.type else None
-        reason = f"{kind or type(cause).__name__}: {cause}"
+        kind = kind or type(cause).__name__
+        message = str(cause)
+        reason = message if message.startswith(f"{kind}:") else f"{kind}: {message}"
         counts: ShardCountsResult = await workflow.execute_activity(
             FAIL_SHARD,
             FailShardInput(
