@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError
 
 from llmbatch import planning, storage
 from llmbatch.cli import progress
@@ -29,7 +31,14 @@ from llmbatch.cli.common import (
 from llmbatch.client import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contracts import ChatMessage, InputFormat, JobSpec, OutputFormat
-from llmbatch.pipeline import PROGRESS_QUERY, JobProgress, JobSummary
+from llmbatch.pipeline import (
+    DEAD_LETTERS_QUERY,
+    PROGRESS_QUERY,
+    DeadLetterView,
+    JobProgress,
+    JobSummary,
+    dead_letter_workflow_id,
+)
 
 # Re-exported for the other command modules (demo).
 __all__ = ["CliError", "emit_json", "fail", "out", "register", "run"]
@@ -298,7 +307,15 @@ async def _describe(settings: Settings, job_id: str) -> tuple[str, JobProgress |
     handle, description = await find_job(client, settings, job_id)
     state = description.status.name.lower() if description.status else "unknown"
     if description.status == WorkflowExecutionStatus.COMPLETED:
-        return state, await handle.result()
+        summary = await handle.result()
+        if summary.items_dead:
+            # Re-drives of dead items finalize the job again; the newest summary is
+            # the dead-letter workflow's, the workflow result is the first one.
+            dlq = client.get_workflow_handle(dead_letter_workflow_id(job_id))
+            with contextlib.suppress(RPCError):  # gone past its retention: keep the result
+                view = await dlq.query(DEAD_LETTERS_QUERY, result_type=DeadLetterView)
+                summary = view.job or summary
+        return state, summary
     if description.status == WorkflowExecutionStatus.RUNNING:
         return state, await handle.query(PROGRESS_QUERY, result_type=JobProgress)
     return state, JobProgress(job_id=job_id, model="", state=state)

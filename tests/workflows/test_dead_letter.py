@@ -126,6 +126,12 @@ async def test_poison_rows_are_dead_lettered_and_a_redrive_brings_the_fixable_ba
         4,
         "completed_with_errors",
     )
+    code, status, err = await cli(workers, "status", spec.job_id, "--json")
+    assert code == 0, err
+    assert (json.loads(status)["items_succeeded"], json.loads(status)["items_dead"]) == (
+        GOOD + 1,
+        4,
+    )
     out = output_rows(workers, job)
     (long_row,) = [r for r in out if r["item_id"] == "long"]
     assert long_row["error"] is None and long_row["text"] in LABELS
