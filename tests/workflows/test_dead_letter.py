@@ -15,10 +15,9 @@ from temporalio.worker import Replayer
 from llmbatch import storage
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.pipeline import DeadLetterView, JobProgress, JobSummary, dead_letter_workflow_id
 from tests.llmbatch.cli.test_jobs import cli
-from tests.workflows.test_batch_job import LABELS, ledger_counts, output_rows, run
+from tests.workflows.test_batch_job import LABELS, classify, ledger_counts, output_rows, run
 from workflows.dead_letter import DeadLetterWorkflow
 from workflows.shard import ShardWorkflow
 
@@ -68,14 +67,12 @@ async def test_poison_rows_are_dead_lettered_and_a_redrive_brings_the_fixable_ba
     data, expected = poisoned_input()
     uri = f"s3://{bucket}/in/poisoned.jsonl"
     storage.open_store(uri, workers).put_bytes(uri, data)
-    spec = JobSpec(
-        job_id=f"poison-{uuid.uuid4().hex[:8]}",
+    spec = classify(
         inputs=[uri],
-        messages=[ChatMessage(role="user", content="Company: {{ name }}")],
-        model=model_name,
-        id_field="id",
-        sampling=SamplingSpec(choice=LABELS, max_tokens=8),
         output_uri=f"s3://{bucket}/out",
+        model=model_name,
+        job_id=f"poison-{uuid.uuid4().hex[:8]}",
+        id_field="id",
         shard_size=20,
         max_row_bytes=MAX_ROW_BYTES,
     )
@@ -180,14 +177,12 @@ async def test_an_id_repeated_in_another_shard_is_dead_lettered_not_run_twice(
     storage.open_store(uri, workers).put_bytes(
         uri, b"".join(json.dumps(r).encode() + b"\n" for r in rows)
     )
-    spec = JobSpec(
-        job_id=f"repeat-{uuid.uuid4().hex[:8]}",
+    spec = classify(
         inputs=[uri],
-        messages=[ChatMessage(role="user", content="Company: {{ name }}")],
-        model=model_name,
-        id_field="id",
-        sampling=SamplingSpec(choice=LABELS, max_tokens=8),
         output_uri=f"s3://{bucket}/out",
+        model=model_name,
+        job_id=f"repeat-{uuid.uuid4().hex[:8]}",
+        id_field="id",
         shard_size=20,
         max_concurrent_shards=2,
     )
@@ -214,14 +209,12 @@ async def test_a_shard_that_fails_unread_is_dead_lettered_and_redriven_whole(
     b_data = b"".join(json.dumps(r).encode() + b"\n" for r in second)
     store.put_bytes(a_uri, b"".join(json.dumps(r).encode() + b"\n" for r in first))
     store.put_bytes(b_uri, b_data)
-    spec = JobSpec(
-        job_id=f"vanished-{uuid.uuid4().hex[:8]}",
+    spec = classify(
         inputs=[a_uri, b_uri],
-        messages=[ChatMessage(role="user", content="Company: {{ name }}")],
-        model=model_name,
-        id_field="id",
-        sampling=SamplingSpec(choice=LABELS, max_tokens=8),
         output_uri=f"s3://{bucket}/out",
+        model=model_name,
+        job_id=f"vanished-{uuid.uuid4().hex[:8]}",
+        id_field="id",
         shard_size=20,
         max_concurrent_shards=1,  # b's shards (5 and 6) start well after planning
         retry={"max_activity_attempts": 2},

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,29 +23,14 @@ from llmbatch import ledger, schedules
 from llmbatch import search_attributes as sa
 from llmbatch.cli.main import app
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
 from llmbatch.pipeline import JobSummary
+from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
 
 ROWS = 12
 # Enough for the server's every-minute tick, plus a small job on a busy machine.
 RUN_TIMEOUT_S = 240
-
-
-async def cli(settings: Settings, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "llmbatch.cli.main",
-        *args,
-        env={**os.environ, **settings_env(settings), "COLUMNS": "200"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 300)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def tickets(path: Path) -> Path:
