@@ -99,6 +99,9 @@ async def test_stopped_gpu_worker_wakes_up_as_a_zombie_and_changes_nothing(
         await until_both_slots_busy(pool, spec.job_id)
         signal_group(zombie, signal.SIGSTOP)
         stopped_at = time.monotonic()
+        # A write the worker sent just before it stopped still commits: let it land,
+        # or an item it finished would count as held and never be taken over.
+        await asyncio.sleep(2)
         before = await items_by_id(pool, spec.job_id)
         held = {i: r["lease_owner"] for i, r in before.items() if r["status"] == "running"}
         second = gpu_worker_process(stack, model, second_log)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -61,4 +62,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    # Leave without interpreter teardown: the Temporal SDK's native runtime can crash
+    # the process at exit after its work is done (SIGSEGV / "PyGILState_Release",
+    # temporalio/sdk-python#300), as llm-batch's own CLI also avoids.
+    sys.stdout.flush()
+    os._exit(status)
