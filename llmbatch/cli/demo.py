@@ -78,7 +78,9 @@ async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: in
             ],
             model=model,
             id_field="Customer Id",
-            sampling=SamplingSpec(choice=d.INDUSTRIES, max_tokens=8),
+            # Room for the longest industry even at a token per character (the tiny
+            # model's tokenizer): a choice cut off by max_tokens is a dead item.
+            sampling=SamplingSpec(choice=d.INDUSTRIES, max_tokens=16),
             shard_size=shard_size,
             output_uri=f"s3://{settings.s3_bucket}/results",
         )

@@ -85,6 +85,12 @@ async def _view(client: Client, settings: Settings, job_id: str) -> DeadLetterVi
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
+        if "no poller" in (exc.message or ""):
+            # Queries are answered by a worker that runs the workflow's code.
+            raise CliError(
+                f"no CPU worker polls {settings.cpu_task_queue} to answer for the dead-letter "
+                "list; start one with: llm-batch worker cpu"
+            ) from None
         raise
 
 
