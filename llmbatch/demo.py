@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch.config import Settings
 
@@ -153,6 +154,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+_TRANSIENT = (
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.UNAVAILABLE,
+)
+
+
 async def wait_for_pollers(
     client: Client, task_queues: list[str], *, procs: list[subprocess.Popen[bytes]], within_s: float
 ) -> None:
@@ -173,16 +181,22 @@ async def wait_for_pollers(
             if proc.poll() is not None:
                 raise RuntimeError(f"worker {proc.args!r} exited with {proc.returncode}")
         queue = pending[0]
-        response = await client.workflow_service.describe_task_queue(
-            DescribeTaskQueueRequest(
-                namespace=client.namespace,
-                task_queue=TaskQueue(name=queue),
-                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        try:
+            response = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=client.namespace,
+                    task_queue=TaskQueue(name=queue),
+                    task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+                )
             )
-        )
-        if any(p.identity.startswith(ours) for p in response.pollers):
-            pending.pop(0)
-            continue
+        except RPCError as exc:
+            # A busy server may cancel or time out one call; the next one will do.
+            if exc.status not in _TRANSIENT:
+                raise
+        else:
+            if any(p.identity.startswith(ours) for p in response.pollers):
+                pending.pop(0)
+                continue
         if time.monotonic() > deadline:
             raise TimeoutError(f"no worker polls {queue} after {within_s:.0f} s")
         await asyncio.sleep(0.5)
