@@ -36,18 +36,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
-INDUSTRIES = [
-    "Law Firm",
-    "Healthcare",
-    "Technology",
-    "Retail",
-    "Consulting",
-    "Manufacturing",
-    "Finance",
-    "Real Estate",
-    "Other",
-]
-
 _CORPUS = """
 Batch inference runs a model over many rows at once: classify support tickets, extract
 fields from contracts, summarise reports, translate product descriptions and label data

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from llmbatch.contracts import SamplingSpec
+from llmbatch.demo import INDUSTRIES
 from llmbatch.engine import Engine, GenerationRequest
-from llmbatch.tiny_model import INDUSTRIES, MARKER, SPECIAL_TOKENS, build_tiny_model
+from llmbatch.tiny_model import MARKER, SPECIAL_TOKENS, build_tiny_model
 
 WEIGHTS = "model.safetensors"
 
