@@ -10,7 +10,8 @@ from temporalio import activity
 
 from activities.context import ActivityContext
 from llmbatch import ledger
-from llmbatch.pipeline import SET_JOB_PAUSED, JobPausedInput
+from llmbatch.contract.messages import JobPausedInput
+from llmbatch.contract.names import SET_JOB_PAUSED
 
 
 class ControlActivities:

@@ -11,23 +11,23 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from activities.context import ActivityContext
 from llmbatch import ledger, telemetry
-from llmbatch.pipeline import (
+from llmbatch.contract.dead_letters import (
+    DeadLetterInput,
+    FailShardInput,
+    RequeueInput,
+    RequeueResult,
+    ShardDeadLetters,
+)
+from llmbatch.contract.messages import ShardCounts, ShardInput
+from llmbatch.contract.names import (
     DEAD_LETTER_WORKFLOW,
     DEAD_LETTERS_SIGNAL,
     FAIL_SHARD,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
-    DeadLetterEntry,
-    DeadLetterInput,
-    FailShardInput,
-    RequeueInput,
-    RequeueResult,
-    ShardCountsResult,
-    ShardDeadLetters,
-    ShardInput,
-    TokenCounts,
     dead_letter_workflow_id,
 )
+from llmbatch.contract.states import ItemStatus
 
 # A report lists at most this many of a shard's dead items (all are counted): the
 # signal stays far below Temporal's payload limits whatever the shard size.
@@ -40,7 +40,7 @@ class DeadLetterActivities:
         self._ctx = ctx
 
     @activity.defn(name=FAIL_SHARD)
-    async def fail_shard(self, input: FailShardInput) -> ShardCountsResult:
+    async def fail_shard(self, input: FailShardInput) -> ShardCounts:
         """Mark every unfinished item of a failed shard dead with the shard's reason."""
         counts = await ledger.dead_letter_shard(
             self._ctx.pool,
@@ -50,13 +50,9 @@ class DeadLetterActivities:
             error_message=input.message,
         )
         telemetry.metrics().count_items(
-            counts.marked, job_id=input.job_id, model=input.model, status="dead"
+            counts.marked, job_id=input.job_id, model=input.model, status=ItemStatus.DEAD
         )
-        return ShardCountsResult(
-            succeeded=counts.succeeded,
-            dead=counts.dead,
-            tokens=TokenCounts(prompt=counts.prompt_tokens, completion=counts.completion_tokens),
-        )
+        return counts
 
     @activity.defn(name=REPORT_DEAD_LETTERS)
     async def report_dead_letters(self, input: ShardInput) -> int:
@@ -68,14 +64,7 @@ class DeadLetterActivities:
         for letter in letters:
             report.by_class[letter.error_class] = report.by_class.get(letter.error_class, 0) + 1
         report.entries = [
-            DeadLetterEntry(
-                item_id=d.item_id,
-                shard=d.shard,
-                error_class=d.error_class,
-                message=d.error_message[:MESSAGE_CHARS],
-                attempts=d.attempts,
-                source=d.source,
-            )
+            d.model_copy(update={"message": d.message[:MESSAGE_CHARS]})
             for d in letters[:LISTED_PER_SHARD]
         ]
         await activity.client().start_workflow(

@@ -8,8 +8,10 @@ from temporalio import activity
 
 from activities.context import ActivityContext
 from llmbatch import formats, telemetry
-from llmbatch.contracts import InputFormat
-from llmbatch.pipeline import FETCH_SHARD, FetchResult, ShardInput
+from llmbatch.contract.messages import FetchResult, ShardInput
+from llmbatch.contract.names import FETCH_SHARD
+from llmbatch.contract.spec import InputFormat
+from llmbatch.contract.states import ErrorClass
 from llmbatch.records import StagedRow, dump_jsonl
 
 
@@ -67,7 +69,7 @@ def _read_rows(
                     item_id=fallback_id,
                     ordinal=row.ordinal,
                     source=row.source,
-                    error_class=row.error_class or "InvalidRow",
+                    error_class=row.error_class or ErrorClass.INVALID_ROW,
                     error=row.error,
                 )
             )
@@ -92,7 +94,7 @@ def _read_rows(
                 ordinal=row.ordinal,
                 source=row.source,
                 fields=row.fields,
-                error_class=None if error is None else "InvalidItemId",
+                error_class=None if error is None else ErrorClass.INVALID_ITEM_ID,
                 error=error,
             )
         )

@@ -20,8 +20,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
 from llmbatch import ledger, telemetry
+from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput, TokenCounts
+from llmbatch.contract.names import GENERATE
+from llmbatch.contract.states import ItemStatus
 from llmbatch.engine import Engine, EngineDeadError, GenerationRequest, GenerationResult
-from llmbatch.pipeline import GENERATE, GenerateProgress, GenerateResult, ShardInput, TokenCounts
 from llmbatch.records import StagedRequest, load_jsonl
 
 log = logging.getLogger(__name__)
@@ -281,7 +283,9 @@ class _Recorder:
                 completion=sum(r.completion_tokens for r in results),
             )
             self.tokens = self.tokens + tokens
-            self._metrics.count_items(written, job_id=job_id, model=model, status="succeeded")
+            self._metrics.count_items(
+                written, job_id=job_id, model=model, status=ItemStatus.SUCCEEDED
+            )
             self._metrics.count_tokens(
                 prompt=tokens.prompt, completion=tokens.completion, job_id=job_id, model=model
             )
@@ -292,7 +296,7 @@ class _Recorder:
             if written < len(dead):
                 raise _superseded(self._lease)
             self.dead += written
-            self._metrics.count_items(written, job_id=job_id, model=model, status="dead")
+            self._metrics.count_items(written, job_id=job_id, model=model, status=ItemStatus.DEAD)
         self._progress.recorded = self.succeeded
         self._progress.dead = self.dead
 

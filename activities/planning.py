@@ -11,10 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
 from llmbatch import ledger, planning
-from llmbatch.contracts import JobSpec
-from llmbatch.pipeline import (
-    FINALIZE_JOB,
-    PLAN_JOB,
+from llmbatch.contract.messages import (
     FinalizeInput,
     JobLayout,
     JobSummary,
@@ -22,6 +19,8 @@ from llmbatch.pipeline import (
     TokenCounts,
     final_state,
 )
+from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB
+from llmbatch.contract.spec import JobSpec
 
 
 class PlanningActivities:

@@ -10,8 +10,10 @@ from temporalio import activity
 
 from activities.context import ActivityContext
 from llmbatch import ledger, openai_batch, telemetry
-from llmbatch.contracts import InputFormat, JobSpec, SamplingSpec
-from llmbatch.pipeline import RENDER_PROMPTS, RenderResult, ShardInput
+from llmbatch.contract.messages import RenderResult, ShardInput
+from llmbatch.contract.names import RENDER_PROMPTS
+from llmbatch.contract.spec import InputFormat, JobSpec, SamplingSpec
+from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.templates import PromptTemplate, TemplateError
 
@@ -41,7 +43,7 @@ class RenderActivities:
                     ledger.DeadItem(
                         item_id=row.item_id,
                         shard=shard,
-                        error_class="InvalidItemId",
+                        error_class=ErrorClass.INVALID_ITEM_ID,
                         error_message=f"item id {row.fields_id!r} repeats a row of another shard",
                         source=row.source,
                     )
@@ -56,7 +58,7 @@ class RenderActivities:
                 self._ctx.pool, job_id=spec.job_id, lease_owner=None, items=todo_dead
             )
             telemetry.metrics().count_items(
-                marked, job_id=spec.job_id, model=spec.model, status="dead"
+                marked, job_id=spec.job_id, model=spec.model, status=ItemStatus.DEAD
             )
         todo = [r for r in requests.values() if r.item_id not in done]
         await self._ctx.write(layout.shard_requests(shard), dump_jsonl(todo))
@@ -111,7 +113,7 @@ def _render(
     requests: dict[str, StagedRequest] = {}
     dead: list[ledger.DeadItem] = []
 
-    def fail(row: StagedRow, error_class: str, message: str) -> None:
+    def fail(row: StagedRow, error_class: ErrorClass, message: str) -> None:
         dead.append(
             ledger.DeadItem(
                 item_id=row.item_id,
@@ -124,7 +126,9 @@ def _render(
 
     for row in rows:
         if row.error_class is not None or row.fields is None:
-            fail(row, row.error_class or "InvalidRow", row.error or "row could not be read")
+            fail(
+                row, row.error_class or ErrorClass.INVALID_ROW, row.error or "row could not be read"
+            )
             continue
         if fmt is InputFormat.OPENAI:
             try:
@@ -132,7 +136,7 @@ def _render(
                     row.fields, defaults=spec.sampling
                 )
             except openai_batch.InvalidRequest as exc:
-                fail(row, "InvalidRequest", str(exc))
+                fail(row, ErrorClass.INVALID_REQUEST, str(exc))
                 continue
             sampling = _override(sampling, overrides)
             requests[row.item_id] = StagedRequest(
@@ -146,7 +150,7 @@ def _render(
             try:
                 messages = template.render(row.fields)
             except TemplateError as exc:
-                fail(row, "TemplateError", str(exc))
+                fail(row, ErrorClass.TEMPLATE_ERROR, str(exc))
                 continue
             requests[row.item_id] = StagedRequest(
                 item_id=row.item_id,

@@ -10,8 +10,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
 from llmbatch import formats, ledger, openai_batch, telemetry
-from llmbatch.contracts import InputFormat, JobSpec, OutputFormat
-from llmbatch.pipeline import WRITE_SHARD, ShardInput, ShardSummary, TokenCounts
+from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
+from llmbatch.contract.names import WRITE_SHARD
+from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat
 from llmbatch.records import StagedRow, load_jsonl
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from llmbatch import storage
 from llmbatch.client import connect, start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import JobSpec
+from llmbatch.contract.spec import JobSpec
 from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
 from llmbatch.tiny_model import build_tiny_model

@@ -13,11 +13,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from llmbatch import search_attributes as sa
 from llmbatch import telemetry
 from llmbatch.config import Settings
-from llmbatch.contracts import JobSpec
-from llmbatch.pipeline import BATCH_JOB_WORKFLOW, BatchJobInput, JobSummary
+from llmbatch.contract import search_attributes as sa
+from llmbatch.contract.messages import BatchJobInput, JobSummary
+from llmbatch.contract.names import BATCH_JOB_WORKFLOW
+from llmbatch.contract.spec import JobSpec
 
 
 class TemporalUnavailable(RuntimeError):

@@ -37,7 +37,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from llmbatch import telemetry
-from llmbatch.contracts import SamplingSpec
+from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.states import ErrorClass
 
 __all__ = [
     "Engine",
@@ -52,10 +53,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # Error classes of per-item (permanent) failures; they name the dead-letter reason.
-INVALID_PROMPT = "InvalidPrompt"
-PROMPT_TOO_LONG = "PromptTooLong"
-INVALID_REQUEST = "InvalidRequest"
-INVALID_STRUCTURED_OUTPUT = "InvalidStructuredOutput"
 
 # What vLLM uses on CPU when the caller does not say (see EngineOptions).
 CPU_DTYPE = "float32"
@@ -168,7 +165,7 @@ class GenerationResult(BaseModel):
     completion_tokens: int = 0
     latency_ms: float = 0.0
     parsed: Any = None  # json_schema requests: the parsed, schema-valid object
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     error_message: str | None = None
 
 
@@ -309,20 +306,20 @@ class Engine:
         started = time.perf_counter()
         prepared = self._prepare(request.sampling)
         if prepared.schema_error is not None:
-            return _failed(request, INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
+            return _failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
         try:
             ids = self.prompt_token_ids(request)
         except Exception as exc:  # a template that cannot render these messages
-            return _failed(request, INVALID_PROMPT, f"cannot render the prompt: {exc}")
+            return _failed(request, ErrorClass.INVALID_PROMPT, f"cannot render the prompt: {exc}")
         if not ids:
-            return _failed(request, INVALID_PROMPT, "the prompt is empty")
+            return _failed(request, ErrorClass.INVALID_PROMPT, "the prompt is empty")
         keep = request.sampling.truncate_prompt_tokens
         if keep is not None and len(ids) > keep:
             ids = ids[-keep:]
         if len(ids) >= self.max_model_len:
             return _failed(
                 request,
-                PROMPT_TOO_LONG,
+                ErrorClass.PROMPT_TOO_LONG,
                 f"prompt has {len(ids)} tokens; the model's context of {self.max_model_len} "
                 "tokens leaves no room to generate (re-drive with truncate_prompt_tokens, "
                 "or on a worker with a longer --max-model-len)",
@@ -462,17 +459,17 @@ def _check_structured(result: GenerationResult, spec: SamplingSpec, prepared: _P
         try:
             parsed = json.loads(result.text)
         except ValueError as exc:
-            result.error_class = INVALID_STRUCTURED_OUTPUT
+            result.error_class = ErrorClass.INVALID_STRUCTURED_OUTPUT
             result.error_message = f"output is not valid JSON: {exc}{cut}"
             return
         error = next(iter(prepared.validator.iter_errors(parsed)), None)
         if error is not None:
-            result.error_class = INVALID_STRUCTURED_OUTPUT
+            result.error_class = ErrorClass.INVALID_STRUCTURED_OUTPUT
             result.error_message = f"output does not match json_schema: {error.message}{cut}"
             return
         result.parsed = parsed
     elif spec.choice is not None and result.text not in spec.choice:
-        result.error_class = INVALID_STRUCTURED_OUTPUT
+        result.error_class = ErrorClass.INVALID_STRUCTURED_OUTPUT
         result.error_message = f"output {result.text[:100]!r} is not one of choice{cut}"
 
 
@@ -481,12 +478,12 @@ def _rejected(
 ) -> GenerationResult:
     message = str(exc)
     if "maximum model length" in message:
-        error_class = PROMPT_TOO_LONG
+        error_class = ErrorClass.PROMPT_TOO_LONG
     elif _constrained(request.sampling) and any(w in message.lower() for w in _STRUCTURED_WORDS):
         # A schema, regex or choice list the structured-output backend refuses.
-        error_class = INVALID_STRUCTURED_OUTPUT
+        error_class = ErrorClass.INVALID_STRUCTURED_OUTPUT
     else:
-        error_class = INVALID_REQUEST
+        error_class = ErrorClass.INVALID_REQUEST
     return _failed(request, error_class, message, prompt_tokens=prompt_tokens)
 
 
@@ -498,7 +495,7 @@ def _constrained(spec: SamplingSpec) -> bool:
 
 
 def _failed(
-    request: GenerationRequest, error_class: str, message: str, *, prompt_tokens: int = 0
+    request: GenerationRequest, error_class: ErrorClass, message: str, *, prompt_tokens: int = 0
 ) -> GenerationResult:
     return GenerationResult(
         request_id=request.request_id,

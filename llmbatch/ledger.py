@@ -18,7 +18,12 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-TERMINAL = ("succeeded", "dead")
+from llmbatch.contract.dead_letters import DeadLetterEntry
+from llmbatch.contract.messages import ShardCounts, TokenCounts
+from llmbatch.contract.states import TERMINAL_STATUSES, ErrorClass, ItemStatus, JobState
+
+# Bound as a text[] parameter wherever SQL asks "finished?".
+TERMINAL = [str(s) for s in TERMINAL_STATUSES]
 
 # Every function takes a pool, or a connection when the caller wants several calls
 # in one transaction of its own.
@@ -44,17 +49,6 @@ class PlannedShard:
     first_row: int
     row_count: int
     first_line: int | None
-
-
-@dataclass(slots=True)
-class ShardCounts:
-    """A shard's items by outcome, once it has ended one way or another."""
-
-    succeeded: int
-    dead: int
-    prompt_tokens: int
-    completion_tokens: int
-    marked: int = 0  # how many of the dead were marked by this call
 
 
 @dataclass(slots=True)
@@ -91,7 +85,7 @@ class DeadItem:
 
     item_id: str
     shard: int
-    error_class: str
+    error_class: ErrorClass
     error_message: str
     source: str | None
 
@@ -102,14 +96,14 @@ class LedgerRow:
 
     item_id: str
     ordinal: int
-    status: str
+    status: ItemStatus
     attempt: int
     source: str | None
     result: dict[str, Any] | None
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_ms: float | None
-    error_class: str | None
+    error_class: ErrorClass | None
     error_message: str | None
     finished_at: datetime | None
 
@@ -126,18 +120,9 @@ class JobCounts:
     prompt_tokens: int
     completion_tokens: int
 
-
-@dataclass(slots=True)
-class DeadLetter:
-    """An entry of a job's dead-letter list."""
-
-    item_id: str
-    shard: int
-    error_class: str
-    error_message: str
-    source: str | None
-    attempts: int
-    created_at: datetime
+    @property
+    def tokens(self) -> TokenCounts:
+        return TokenCounts(prompt=self.prompt_tokens, completion=self.completion_tokens)
 
 
 @asynccontextmanager
@@ -182,7 +167,7 @@ async def finish_job(
     pool: Database,
     *,
     job_id: str,
-    status: str,
+    status: JobState,
     items_total: int,
     items_succeeded: int,
     items_dead: int,
@@ -258,7 +243,7 @@ async def register_items(
                  AS t(item_id, ordinal, prompt_hash, source)
             ON CONFLICT (job_id, item_id) DO UPDATE
                 SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now()
-                WHERE items.shard = EXCLUDED.shard AND items.status NOT IN ('succeeded', 'dead')
+                WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
             """,
             job_id,
             shard,
@@ -266,15 +251,17 @@ async def register_items(
             [i.ordinal for i in items],
             [i.prompt_hash for i in items],
             [i.source for i in items],
+            TERMINAL,
         )
         # A concurrent shard inserting the same id waits on the key, then finds it taken.
         rows = await conn.fetch(
             "SELECT item_id, shard <> $3 AS elsewhere FROM items "
             "WHERE job_id = $1 AND item_id = ANY($2::text[]) "
-            "AND (shard <> $3 OR status IN ('succeeded', 'dead'))",
+            "AND (shard <> $3 OR status = ANY($4::text[]))",
             job_id,
             ids,
             shard,
+            TERMINAL,
         )
     return Registered(
         done={r["item_id"] for r in rows if not r["elsewhere"]},
@@ -301,11 +288,11 @@ async def claim_items(
         return set()
     rows = await pool.fetch(
         """
-        UPDATE items SET status = 'running', lease_owner = $3, lease_activity = $4,
+        UPDATE items SET status = $6, lease_owner = $3, lease_activity = $4,
                          lease_attempt = $5, attempt = attempt + 1,
                          started_at = now(), updated_at = now()
-        WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status NOT IN ('succeeded', 'dead')
-          AND NOT (status = 'running' AND $4::text IS NOT NULL AND lease_activity = $4
+        WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status <> ALL($7::text[])
+          AND NOT (status = $6 AND $4::text IS NOT NULL AND lease_activity = $4
                    AND lease_attempt > $5)
         RETURNING item_id
         """,
@@ -314,6 +301,8 @@ async def claim_items(
         lease_owner,
         activity,
         attempt,
+        ItemStatus.RUNNING,
+        TERMINAL,
     )
     return {r["item_id"] for r in rows}
 
@@ -327,13 +316,13 @@ async def record_results(
     status = await pool.execute(
         """
         UPDATE items AS i
-        SET status = 'succeeded', result = r.result::jsonb, prompt_tokens = r.prompt_tokens,
+        SET status = $8, result = r.result::jsonb, prompt_tokens = r.prompt_tokens,
             completion_tokens = r.completion_tokens, latency_ms = r.latency_ms,
             error_class = NULL, error_message = NULL, finished_at = now(), updated_at = now()
         FROM unnest($3::text[], $4::text[], $5::int[], $6::int[], $7::float8[])
              AS r(item_id, result, prompt_tokens, completion_tokens, latency_ms)
         WHERE i.job_id = $1 AND i.item_id = r.item_id
-          AND i.lease_owner = $2 AND i.status = 'running'
+          AND i.lease_owner = $2 AND i.status = $9
         """,
         job_id,
         lease_owner,
@@ -342,6 +331,8 @@ async def record_results(
         [r.prompt_tokens for r in results],
         [r.completion_tokens for r in results],
         [r.latency_ms for r in results],
+        ItemStatus.SUCCEEDED,
+        ItemStatus.RUNNING,
     )
     return int(status.rsplit(" ", 1)[1])
 
@@ -363,12 +354,12 @@ async def record_dead(
                 AS t(item_id, error_class, error_message, source)
         ), marked AS (
             UPDATE items AS i
-            SET status = 'dead', error_class = d.error_class, error_message = d.error_message,
+            SET status = $7, error_class = d.error_class, error_message = d.error_message,
                 source = COALESCE(d.source, i.source), finished_at = now(), updated_at = now()
             FROM d
             WHERE i.job_id = $1 AND i.item_id = d.item_id
-              AND i.status NOT IN ('succeeded', 'dead')
-              AND ($6::text IS NULL OR (i.lease_owner = $6 AND i.status = 'running'))
+              AND i.status <> ALL($8::text[])
+              AND ($6::text IS NULL OR (i.lease_owner = $6 AND i.status = $9))
             RETURNING i.item_id, i.shard, i.error_class, i.error_message, i.source, i.attempt
         ), listed AS (
             INSERT INTO dead_letters
@@ -387,6 +378,9 @@ async def record_dead(
         [i.error_message for i in items],
         [i.source for i in items],
         lease_owner,
+        ItemStatus.DEAD,
+        TERMINAL,
+        ItemStatus.RUNNING,
     )
     return int(count)
 
@@ -402,7 +396,16 @@ async def shard_results(pool: Database, *, job_id: str, shard: int) -> list[Ledg
         job_id,
         shard,
     )
-    return [LedgerRow(**dict(r)) for r in rows]
+    return [
+        LedgerRow(
+            **{
+                **dict(r),
+                "status": ItemStatus(r["status"]),
+                "error_class": r["error_class"] and ErrorClass(r["error_class"]),
+            }
+        )
+        for r in rows
+    ]
 
 
 async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
@@ -410,32 +413,38 @@ async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
     row = await pool.fetchrow(
         """
         SELECT count(*) AS total,
-               count(*) FILTER (WHERE status = 'pending') AS pending,
-               count(*) FILTER (WHERE status = 'running') AS running,
-               count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
-               count(*) FILTER (WHERE status = 'dead') AS dead,
+               count(*) FILTER (WHERE status = $2) AS pending,
+               count(*) FILTER (WHERE status = $3) AS running,
+               count(*) FILTER (WHERE status = $4) AS succeeded,
+               count(*) FILTER (WHERE status = $5) AS dead,
                coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
                coalesce(sum(completion_tokens), 0) AS completion_tokens
         FROM items WHERE job_id = $1
         """,
         job_id,
+        ItemStatus.PENDING,
+        ItemStatus.RUNNING,
+        ItemStatus.SUCCEEDED,
+        ItemStatus.DEAD,
     )
     assert row is not None
     return JobCounts(**{k: int(v) for k, v in dict(row).items()})
 
 
-async def dead_items(pool: Database, *, job_id: str, shard: int | None = None) -> list[DeadLetter]:
+async def dead_items(
+    pool: Database, *, job_id: str, shard: int | None = None
+) -> list[DeadLetterEntry]:
     """A job's dead letters (or one shard's), by shard and item id."""
     rows = await pool.fetch(
         """
-        SELECT item_id, shard, error_class, error_message, source, attempts, created_at
+        SELECT item_id, shard, error_class, error_message AS message, source, attempts
         FROM dead_letters WHERE job_id = $1 AND ($2::int IS NULL OR shard = $2)
         ORDER BY shard, item_id
         """,
         job_id,
         shard,
     )
-    return [DeadLetter(**dict(r)) for r in rows]
+    return [DeadLetterEntry.model_validate(dict(r)) for r in rows]
 
 
 async def requeue_dead(
@@ -443,7 +452,7 @@ async def requeue_dead(
     *,
     job_id: str,
     item_ids: Sequence[str] | None = None,
-    error_classes: Sequence[str] | None = None,
+    error_classes: Sequence[ErrorClass] | None = None,
 ) -> Requeued:
     """Make dead items pending again (dead-letter re-drive): those of ``item_ids``
     and of ``error_classes``, or every dead item when neither is given.
@@ -456,10 +465,10 @@ async def requeue_dead(
     rows = await pool.fetch(
         """
         WITH requeued AS (
-            UPDATE items SET status = 'pending', lease_owner = NULL, error_class = NULL,
+            UPDATE items SET status = $4, lease_owner = NULL, error_class = NULL,
                              error_message = NULL, started_at = NULL, finished_at = NULL,
                              updated_at = now()
-            WHERE job_id = $1 AND status = 'dead'
+            WHERE job_id = $1 AND status = $5
               AND (($2::text[] IS NULL AND $3::text[] IS NULL)
                    OR item_id = ANY($2::text[]) OR error_class = ANY($3::text[]))
             RETURNING item_id, shard
@@ -473,6 +482,8 @@ async def requeue_dead(
         job_id,
         None if item_ids is None else list(item_ids),
         None if error_classes is None else list(error_classes),
+        ItemStatus.PENDING,
+        ItemStatus.DEAD,
     )
     return Requeued(
         item_ids=[r["item_id"] for r in rows], shards=sorted({r["shard"] for r in rows})
@@ -480,7 +491,7 @@ async def requeue_dead(
 
 
 async def dead_letter_shard(
-    pool: Database, *, job_id: str, shard: int, error_class: str, error_message: str
+    pool: Database, *, job_id: str, shard: int, error_class: ErrorClass, error_message: str
 ) -> ShardCounts:
     """A shard failed for good: every item of it not finished yet becomes dead.
 
@@ -519,9 +530,10 @@ async def dead_letter_shard(
             )
         unfinished = await conn.fetch(
             "SELECT item_id FROM items WHERE job_id = $1 AND shard = $2 "
-            "AND status NOT IN ('succeeded', 'dead')",
+            "AND status <> ALL($3::text[])",
             job_id,
             shard,
+            TERMINAL,
         )
         marked = await record_dead(
             conn,
@@ -540,19 +552,26 @@ async def dead_letter_shard(
         )
         row = await conn.fetchrow(
             """
-            SELECT count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
-                   count(*) FILTER (WHERE status = 'dead') AS dead,
-                   coalesce(sum(prompt_tokens) FILTER (WHERE status = 'succeeded'), 0)
+            SELECT count(*) FILTER (WHERE status = $3) AS succeeded,
+                   count(*) FILTER (WHERE status = $4) AS dead,
+                   coalesce(sum(prompt_tokens) FILTER (WHERE status = $3), 0)
                        AS prompt_tokens,
-                   coalesce(sum(completion_tokens) FILTER (WHERE status = 'succeeded'), 0)
+                   coalesce(sum(completion_tokens) FILTER (WHERE status = $3), 0)
                        AS completion_tokens
             FROM items WHERE job_id = $1 AND shard = $2
             """,
             job_id,
             shard,
+            ItemStatus.SUCCEEDED,
+            ItemStatus.DEAD,
         )
     assert row is not None
-    return ShardCounts(**{k: int(v) for k, v in dict(row).items()}, marked=marked)
+    return ShardCounts(
+        succeeded=row["succeeded"],
+        dead=row["dead"],
+        tokens=TokenCounts(prompt=row["prompt_tokens"], completion=row["completion_tokens"]),
+        marked=marked,
+    )
 
 
 async def set_job_paused(pool: Database, *, job_id: str, paused: bool) -> bool:
@@ -582,13 +601,15 @@ async def release_items(
         return 0
     status = await pool.execute(
         """
-        UPDATE items SET status = 'pending', lease_owner = NULL, started_at = NULL,
+        UPDATE items SET status = $4, lease_owner = NULL, started_at = NULL,
                          updated_at = now()
         WHERE job_id = $1 AND item_id = ANY($3::text[]) AND lease_owner = $2
-          AND status = 'running'
+          AND status = $5
         """,
         job_id,
         lease_owner,
         list(item_ids),
+        ItemStatus.PENDING,
+        ItemStatus.RUNNING,
     )
     return int(status.rsplit(" ", 1)[1])

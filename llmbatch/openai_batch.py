@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from llmbatch.contracts import SamplingSpec
+from llmbatch.contract.spec import SamplingSpec
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 

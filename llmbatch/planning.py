@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmbatch import formats, storage
-from llmbatch.contracts import InputFormat, JobSpec
+from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.templates import PromptTemplate, TemplateError
 
 StoreFor = Callable[[str], storage.ObjectStore]

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from llmbatch.contracts import SamplingSpec
+from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.states import ErrorClass
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -24,7 +25,7 @@ class StagedRow(BaseModel):
     ordinal: int
     source: str
     fields: dict[str, Any] | None = None
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     error: str | None = None
 
 

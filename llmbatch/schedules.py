@@ -34,10 +34,11 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch import search_attributes as sa
 from llmbatch.config import Settings
-from llmbatch.contracts import JobSpec
-from llmbatch.pipeline import BATCH_JOB_WORKFLOW, BatchJobInput
+from llmbatch.contract import search_attributes as sa
+from llmbatch.contract.messages import BatchJobInput
+from llmbatch.contract.names import BATCH_JOB_WORKFLOW
+from llmbatch.contract.spec import JobSpec
 
 # A run's job id is "<name>-<20-character time>" and must fit the 128 characters
 # of a job id; no ":" in names, so the time is the only part that has one.

@@ -14,7 +14,7 @@ import jinja2
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from llmbatch.contracts import ChatMessage
+from llmbatch.contract.spec import ChatMessage
 
 _ENV = ImmutableSandboxedEnvironment(
     undefined=jinja2.StrictUndefined,

@@ -33,9 +33,9 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 from typer.core import TyperGroup
 
-from llmbatch import search_attributes
 from llmbatch.cli.main import app
 from llmbatch.config import CONFIG_ENV_VAR, Settings
+from llmbatch.contract import search_attributes
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"

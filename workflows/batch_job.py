@@ -11,9 +11,20 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from llmbatch import search_attributes as sa
-    from llmbatch.contracts import JOB_ID_PATTERN
-    from llmbatch.pipeline import (
+    from llmbatch.contract import search_attributes as sa
+    from llmbatch.contract.messages import (
+        BatchJobInput,
+        FinalizeInput,
+        JobControlState,
+        JobPausedInput,
+        JobProgress,
+        JobSummary,
+        PlanResult,
+        ShardInput,
+        ShardSummary,
+        final_state,
+    )
+    from llmbatch.contract.names import (
         BATCH_JOB_WORKFLOW,
         FINALIZE_JOB,
         JOB_FINISHED_SIGNAL,
@@ -24,18 +35,9 @@ with workflow.unsafe.imports_passed_through():
         SET_JOB_PAUSED,
         SHARD_FINISHED_SIGNAL,
         SHARD_WORKFLOW,
-        BatchJobInput,
-        FinalizeInput,
-        JobControlState,
-        JobPausedInput,
-        JobProgress,
-        JobSummary,
-        PlanResult,
-        ShardInput,
-        ShardSummary,
         dead_letter_workflow_id,
-        final_state,
     )
+    from llmbatch.contract.spec import JOB_ID_PATTERN
 
 PLAN_TIMEOUT = timedelta(hours=1)
 FINALIZE_TIMEOUT = timedelta(minutes=15)

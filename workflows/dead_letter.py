@@ -12,8 +12,18 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from llmbatch.contracts import SamplingSpec
-    from llmbatch.pipeline import (
+    from llmbatch.contract.dead_letters import (
+        DeadLetterEntry,
+        DeadLetterInput,
+        DeadLetterView,
+        RedriveRequest,
+        RedriveResult,
+        RequeueInput,
+        RequeueResult,
+        ShardDeadLetters,
+    )
+    from llmbatch.contract.messages import FinalizeInput, JobSummary, ShardInput, ShardSummary
+    from llmbatch.contract.names import (
         DEAD_LETTER_WORKFLOW,
         DEAD_LETTERS_QUERY,
         DEAD_LETTERS_SIGNAL,
@@ -22,19 +32,8 @@ with workflow.unsafe.imports_passed_through():
         REDRIVE_UPDATE,
         REQUEUE_DEAD_LETTERS,
         SHARD_WORKFLOW,
-        DeadLetterEntry,
-        DeadLetterInput,
-        DeadLetterView,
-        FinalizeInput,
-        JobSummary,
-        RedriveRequest,
-        RedriveResult,
-        RequeueInput,
-        RequeueResult,
-        ShardDeadLetters,
-        ShardInput,
-        ShardSummary,
     )
+    from llmbatch.contract.spec import SamplingSpec
 
 # The list a query answers stays below this many entries (every item is counted, and
 # the error files next to the output hold them all): the workflow's state must fit in

@@ -9,7 +9,15 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from llmbatch.pipeline import (
+    from llmbatch.contract.dead_letters import FailShardInput
+    from llmbatch.contract.messages import (
+        FetchResult,
+        RenderResult,
+        ShardCounts,
+        ShardInput,
+        ShardSummary,
+    )
+    from llmbatch.contract.names import (
         FAIL_SHARD,
         FETCH_SHARD,
         GENERATE,
@@ -18,12 +26,6 @@ with workflow.unsafe.imports_passed_through():
         SHARD_FINISHED_SIGNAL,
         SHARD_WORKFLOW,
         WRITE_SHARD,
-        FailShardInput,
-        FetchResult,
-        RenderResult,
-        ShardCountsResult,
-        ShardInput,
-        ShardSummary,
     )
 
 # A retried generate resumes from the ledger, so a short heartbeat timeout costs
@@ -141,7 +143,7 @@ class ShardWorkflow:
         kind = kind or type(cause).__name__
         message = str(cause)
         reason = message if message.startswith(f"{kind}:") else f"{kind}: {message}"
-        counts: ShardCountsResult = await workflow.execute_activity(
+        counts: ShardCounts = await workflow.execute_activity(
             FAIL_SHARD,
             FailShardInput(
                 job_id=input.spec.job_id,
@@ -150,7 +152,7 @@ class ShardWorkflow:
                 error_class="ShardFailed",
                 message=f"shard {input.shard} failed in {err.activity_type}: {reason}",
             ),
-            result_type=ShardCountsResult,
+            result_type=ShardCounts,
             start_to_close_timeout=CPU_STEP_TIMEOUT,
             heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
             retry_policy=LEDGER_RETRY,

@@ -18,7 +18,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from llmbatch import planning
 from llmbatch.client import TemporalUnavailable
 from llmbatch.config import Settings
-from llmbatch.pipeline import JobSummary
+from llmbatch.contract.messages import JobSummary
 
 # soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
 out = Console(soft_wrap=True)

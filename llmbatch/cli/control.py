@@ -16,20 +16,15 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 
-from llmbatch import search_attributes as sa
 from llmbatch.cli import progress
 from llmbatch.cli.common import CliError, emit_json, emit_json_line, find_job, job_url, out, run
 from llmbatch.cli.jobs import _follow, _print_summary
 from llmbatch.client import connect
 from llmbatch.config import Settings
-from llmbatch.pipeline import (
-    BATCH_JOB_WORKFLOW,
-    PAUSE_UPDATE,
-    PROGRESS_QUERY,
-    RESUME_UPDATE,
-    JobControlState,
-    JobProgress,
-)
+from llmbatch.contract import search_attributes as sa
+from llmbatch.contract.messages import JobControlState, JobProgress
+from llmbatch.contract.names import BATCH_JOB_WORKFLOW, PAUSE_UPDATE, PROGRESS_QUERY, RESUME_UPDATE
+from llmbatch.contract.progress import format_duration
 
 CANCEL_WAIT_S = 60.0
 LIST_QUERY_TIMEOUT = timedelta(seconds=5)
@@ -120,7 +115,7 @@ async def _list(settings: Settings, *, limit: int, as_json: bool) -> None:
             f"{done}/{total}{share}",
             str(row["items_dead"]),
             row["model"] or "",
-            progress.format_duration(row["age_s"]),
+            format_duration(row["age_s"]),
         )
     out.print(table)
 

@@ -51,7 +51,7 @@ async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: in
     from llmbatch import demo as d
     from llmbatch import storage
     from llmbatch.client import connect, start_job
-    from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+    from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 
     data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
     store = storage.open_store(data_uri, settings)

@@ -12,14 +12,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out, run
 from llmbatch.client import connect
 from llmbatch.config import Settings
-from llmbatch.pipeline import (
-    DEAD_LETTERS_QUERY,
-    REDRIVE_UPDATE,
-    DeadLetterView,
-    RedriveRequest,
-    RedriveResult,
-    dead_letter_workflow_id,
-)
+from llmbatch.contract.dead_letters import DeadLetterView, RedriveRequest, RedriveResult
+from llmbatch.contract.names import DEAD_LETTERS_QUERY, REDRIVE_UPDATE, dead_letter_workflow_id
+from llmbatch.contract.states import ErrorClass
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -28,7 +23,7 @@ app = typer.Typer(no_args_is_help=True)
 def list_command(
     job_id: Annotated[str, typer.Argument()],
     error_class: Annotated[
-        list[str] | None, typer.Option("--class", help="Only this error class; repeat.")
+        list[ErrorClass] | None, typer.Option("--class", help="Only this error class; repeat.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -43,7 +38,7 @@ def redrive_command(
         list[str] | None, typer.Option("--ids", help="Item ids, comma-separated; repeat.")
     ] = None,
     error_class: Annotated[
-        list[str] | None, typer.Option("--class", help="Items of this error class; repeat.")
+        list[ErrorClass] | None, typer.Option("--class", help="Items of this error class; repeat.")
     ] = None,
     settings_: Annotated[
         list[str] | None,
@@ -95,7 +90,7 @@ async def _view(client: Client, settings: Settings, job_id: str) -> DeadLetterVi
 
 
 async def _list(
-    settings: Settings, job_id: str, *, classes: list[str] | None, as_json: bool
+    settings: Settings, job_id: str, *, classes: list[ErrorClass] | None, as_json: bool
 ) -> None:
     client = await connect(settings)
     view = await _view(client, settings, job_id)

@@ -30,15 +30,11 @@ from llmbatch.cli.common import (
 )
 from llmbatch.client import connect, start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, InputFormat, JobSpec, OutputFormat
-from llmbatch.pipeline import (
-    DEAD_LETTERS_QUERY,
-    PROGRESS_QUERY,
-    DeadLetterView,
-    JobProgress,
-    JobSummary,
-    dead_letter_workflow_id,
-)
+from llmbatch.contract.dead_letters import DeadLetterView
+from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.names import DEAD_LETTERS_QUERY, PROGRESS_QUERY, dead_letter_workflow_id
+from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat
+from llmbatch.contract.states import JobState
 
 # Re-exported for the other command modules (demo).
 __all__ = ["CliError", "emit_json", "fail", "out", "register", "run"]
@@ -318,7 +314,13 @@ async def _describe(settings: Settings, job_id: str) -> tuple[str, JobProgress |
         return state, summary
     if description.status == WorkflowExecutionStatus.RUNNING:
         return state, await handle.query(PROGRESS_QUERY, result_type=JobProgress)
-    return state, JobProgress(job_id=job_id, model="", state=state)
+    # Cancelled before it could say so itself, or terminated, or timed out.
+    ended = (
+        JobState.CANCELLED
+        if description.status == WorkflowExecutionStatus.CANCELED
+        else JobState.FAILED
+    )
+    return state, JobProgress(job_id=job_id, model="", state=ended)
 
 
 async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:

@@ -26,7 +26,9 @@ from temporalio.client import (
 from temporalio.service import RPCError
 
 from llmbatch.cli.common import emit_json_line
-from llmbatch.pipeline import PROGRESS_QUERY, JobProgress, JobSummary
+from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.names import PROGRESS_QUERY
+from llmbatch.contract.progress import format_duration
 
 # Rates are measured over this much of the recent past: long enough to span a few
 # shard reports (the workflow counts items when a shard finishes), short enough to
@@ -127,18 +129,6 @@ def _since(started_at: str | None) -> float:
     if started_at is None:
         return 0.0
     return max((datetime.now(UTC) - datetime.fromisoformat(started_at)).total_seconds(), 0.0)
-
-
-def format_duration(seconds: float | None) -> str:
-    """A short duration: 45s, 3m10s, 2h05m; '-' when unknown."""
-    if seconds is None:
-        return "-"
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class ProgressView(Protocol):

@@ -18,7 +18,7 @@ from llmbatch import schedules
 from llmbatch.cli.jobs import CliError, build_spec, check_inputs, emit_json, fail, out, run
 from llmbatch.client import connect
 from llmbatch.config import Settings
-from llmbatch.contracts import InputFormat, JobSpec, OutputFormat
+from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat
 
 app = typer.Typer(no_args_is_help=True)
 

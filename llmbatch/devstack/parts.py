@@ -24,8 +24,8 @@ from typing import Any, ClassVar, TypeVar
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.common import SearchAttributeKey
 
-from llmbatch import search_attributes
 from llmbatch.config import Settings
+from llmbatch.contract import search_attributes
 from llmbatch.devstack import process
 from llmbatch.devstack.process import GRPC_OFFSET, DevStackError
 

@@ -10,12 +10,10 @@ writing output files.
 - :mod:`~llmbatch.formats.writers`: output JSONL/Parquet and staged JSONL records.
 """
 
-from llmbatch.contracts import InputFormat
+from llmbatch.contract.spec import InputFormat
 from llmbatch.formats.detection import FormatError, csv_delimiter, detect_format
 from llmbatch.formats.readers import (
-    INVALID_ROW,
     MAX_ROW_BYTES,
-    ROW_TOO_LARGE,
     InputChanged,
     SourceRow,
     field_names,
@@ -33,9 +31,7 @@ from llmbatch.formats.writers import (
 
 __all__ = [
     "CHUNK_BYTES",
-    "INVALID_ROW",
     "MAX_ROW_BYTES",
-    "ROW_TOO_LARGE",
     "FormatError",
     "InputChanged",
     "InputFormat",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from llmbatch.contracts import InputFormat
+from llmbatch.contract.spec import InputFormat
 
 # How much of an object to read to tell its format or list its fields.
 SNIFF_BYTES = 256 << 10

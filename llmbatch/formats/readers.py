@@ -12,7 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmbatch.contracts import InputFormat
+from llmbatch.contract.spec import InputFormat
+from llmbatch.contract.states import ErrorClass
 from llmbatch.formats.detection import (
     SNIFF_BYTES,
     UTF8_BOM,
@@ -28,9 +29,6 @@ from llmbatch.storage import ObjectInfo, ObjectStore, StorageError
 MAX_ROW_BYTES = 1 << 20
 _PARQUET_BATCH_ROWS = 1024
 
-INVALID_ROW = "InvalidRow"
-ROW_TOO_LARGE = "RowTooLarge"
-
 
 @dataclass(slots=True)
 class SourceRow:
@@ -41,7 +39,7 @@ class SourceRow:
     source: str  # "<uri>:line N" (JSONL, CSV) or "<uri>:row N" (Parquet), 1-based
     fields: dict[str, Any] | None
     error: str | None = None
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
 
 
 class InputChanged(StorageError):
@@ -126,35 +124,51 @@ def _parse(
     header: list[str] | None,
     delimiter: str,
     max_row_bytes: int,
-) -> tuple[dict[str, Any] | None, str | None, str | None]:
+) -> tuple[dict[str, Any] | None, ErrorClass | None, str | None]:
     """(fields, error class, error) for one record's bytes."""
     if data is not None:
         data = data[:-1] if data.endswith(b"\n") else data
         data = data[:-1] if data.endswith(b"\r") else data
         size = len(data)
     if data is None or size > max_row_bytes:
-        return None, ROW_TOO_LARGE, f"row is over the {max_row_bytes:,}-byte limit ({size:,} bytes)"
+        return (
+            None,
+            ErrorClass.ROW_TOO_LARGE,
+            f"row is over the {max_row_bytes:,}-byte limit ({size:,} bytes)",
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, INVALID_ROW, f"row is not valid UTF-8: {exc.reason} at byte {exc.start}"
+        return (
+            None,
+            ErrorClass.INVALID_ROW,
+            f"row is not valid UTF-8: {exc.reason} at byte {exc.start}",
+        )
     if header is None:
         try:
             value = json.loads(text)
         except ValueError as exc:
-            return None, INVALID_ROW, f"row is not valid JSON: {exc}"
+            return None, ErrorClass.INVALID_ROW, f"row is not valid JSON: {exc}"
         if not isinstance(value, dict):
-            return None, INVALID_ROW, f"row is a JSON {_json_type(value)}, not an object"
+            return None, ErrorClass.INVALID_ROW, f"row is a JSON {_json_type(value)}, not an object"
         return value, None, None
     try:
         rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True))
     except csv.Error as exc:
-        return None, INVALID_ROW, f"row is not valid CSV: {exc}"
+        return None, ErrorClass.INVALID_ROW, f"row is not valid CSV: {exc}"
     if len(rows) != 1:
-        return None, INVALID_ROW, f"row is not valid CSV: it parses as {len(rows)} records"
+        return (
+            None,
+            ErrorClass.INVALID_ROW,
+            f"row is not valid CSV: it parses as {len(rows)} records",
+        )
     values = rows[0]
     if len(values) != len(header):
-        return None, INVALID_ROW, f"row has {len(values)} fields, the header {len(header)}"
+        return (
+            None,
+            ErrorClass.INVALID_ROW,
+            f"row has {len(values)} fields, the header {len(header)}",
+        )
     return dict(zip(header, values, strict=True)), None, None
 
 
@@ -200,7 +214,7 @@ def _read_parquet(
                     message = (
                         f"row is {row_bytes:,} bytes as JSON, over the {max_row_bytes:,}-byte limit"
                     )
-                    yield SourceRow(ordinal, source, None, message, ROW_TOO_LARGE)
+                    yield SourceRow(ordinal, source, None, message, ErrorClass.ROW_TOO_LARGE)
                 else:
                     yield SourceRow(ordinal, source, fields)
                 ordinal += 1

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from llmbatch.contracts import InputFormat
+from llmbatch.contract.spec import InputFormat
 from llmbatch.formats.detection import UTF8_BOM, FormatError, csv_delimiter
 from llmbatch.formats.parquet import open_parquet, row_group_starts
 from llmbatch.formats.scanning import iter_chunks, scan_records

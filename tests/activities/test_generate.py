@@ -9,9 +9,9 @@ from activities.context import ActivityContext
 from activities.generate import _Recorder
 from llmbatch import ledger
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, InputFormat, JobSpec
+from llmbatch.contract.messages import GenerateProgress, JobLayout, ShardInput
+from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec
 from llmbatch.engine import GenerationResult
-from llmbatch.pipeline import GenerateProgress, JobLayout, ShardInput
 from llmbatch.records import StagedRequest
 
 JOB, LEASE = "nul-job", "nul-job/shard-00000/3#1"

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 from vllm.sampling_params import RequestOutputKind
 
-from llmbatch.contracts import SamplingSpec
+from llmbatch.contract.spec import SamplingSpec
 from llmbatch.engine import (
     Engine,
     EngineOptions,

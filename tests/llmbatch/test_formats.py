@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from llmbatch import formats
 from llmbatch.config import Settings
-from llmbatch.contracts import InputFormat
+from llmbatch.contract.spec import InputFormat
 from llmbatch.storage import LocalStore, ObjectInfo, ObjectStore, open_store
 
 STORE = LocalStore()

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from llmbatch.contracts import SamplingSpec
+from llmbatch.contract.spec import SamplingSpec
 from llmbatch.openai_batch import InvalidRequest, error_line, output_line, parse_request
 
 

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from llmbatch import telemetry
-from llmbatch.contracts import SamplingSpec
+from llmbatch.contract.spec import SamplingSpec
 from llmbatch.engine import Engine, GenerationRequest
 
 

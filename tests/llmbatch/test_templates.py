@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbatch.contracts import ChatMessage
+from llmbatch.contract.spec import ChatMessage
 from llmbatch.templates import PromptTemplate, TemplateError
 
 

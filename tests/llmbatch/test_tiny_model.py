@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch.contracts import SamplingSpec
+from llmbatch.contract.spec import SamplingSpec
 from llmbatch.demo import INDUSTRIES
 from llmbatch.engine import Engine, GenerationRequest
 from llmbatch.tiny_model import MARKER, SPECIAL_TOKENS, build_tiny_model

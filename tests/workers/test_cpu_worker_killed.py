@@ -27,7 +27,7 @@ from temporalio.client import Client
 from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import wait_for_pollers
 from tests.fixtures.s3_faults import FaultInjectingS3Proxy
 from tests.fixtures.worker_processes import (

@@ -21,7 +21,7 @@ from temporalio.client import Client
 from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack import DevStack
 from llmbatch.devstack.parts import PostgresPart
 from tests.fixtures.worker_processes import items_by_id, job_result, until_done

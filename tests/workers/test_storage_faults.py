@@ -22,7 +22,7 @@ from temporalio.client import Client
 from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, RetrySpec, SamplingSpec
+from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec, SamplingSpec
 from llmbatch.engine import Engine
 from tests.fixtures.s3_faults import FaultInjectingS3Proxy
 from tests.fixtures.worker_processes import items_by_id, job_result

@@ -20,8 +20,8 @@ from temporalio.worker import Replayer
 from llmbatch import formats, ledger, search_attributes, storage
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, OutputFormat, SamplingSpec
-from llmbatch.pipeline import JobSummary
+from llmbatch.contract.messages import JobSummary
+from llmbatch.contract.spec import ChatMessage, JobSpec, OutputFormat, SamplingSpec
 from workflows.batch_job import BatchJobWorkflow
 from workflows.shard import ShardWorkflow
 

@@ -19,10 +19,10 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from llmbatch import search_attributes
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.contract import search_attributes
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.engine import Engine
 from workers.cpu import cpu_worker
 from workers.gpu import gpu_worker

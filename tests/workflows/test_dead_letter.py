@@ -15,7 +15,9 @@ from temporalio.worker import Replayer
 from llmbatch import storage
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.pipeline import DeadLetterView, JobProgress, JobSummary, dead_letter_workflow_id
+from llmbatch.contract.dead_letters import DeadLetterView
+from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.names import dead_letter_workflow_id
 from tests.llmbatch.cli.test_jobs import cli
 from tests.workflows.test_batch_job import LABELS, classify, ledger_counts, output_rows, run
 from workflows.dead_letter import DeadLetterWorkflow

@@ -22,17 +22,16 @@ from temporalio.worker import Replayer
 
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.engine import Engine
-from llmbatch.pipeline import (
+from llmbatch.contract.dead_letters import RedriveRequest, RedriveResult
+from llmbatch.contract.names import (
     BATCH_JOB_WORKFLOW,
     DEAD_LETTER_WORKFLOW,
     REDRIVE_UPDATE,
     SHARD_WORKFLOW,
-    RedriveRequest,
-    RedriveResult,
     dead_letter_workflow_id,
 )
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.engine import Engine
 from tests.fixtures.small_history import small_history_env
 from workers.cpu import cpu_worker
 from workers.gpu import gpu_worker

@@ -23,10 +23,11 @@ from temporalio.exceptions import CancelledError
 from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contracts import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.names import PROGRESS_QUERY
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.process import free_port
 from llmbatch.engine import Engine
-from llmbatch.pipeline import PROGRESS_QUERY, JobProgress, JobSummary
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch.config import Settings
+from llmbatch.contract.messages import JobSummary
 from llmbatch.demo import settings_env
-from llmbatch.pipeline import JobSummary
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from llmbatch.cli import progress
-from llmbatch.pipeline import JobProgress, TokenCounts
+from llmbatch.contract.messages import JobProgress, TokenCounts
+from llmbatch.contract.progress import format_duration
 
 
 def reading(done: int, *, total: int = 1000, state: str = "running", **kw: object) -> JobProgress:
@@ -60,7 +61,7 @@ def test_no_eta_while_paused_or_once_ended() -> None:
 
 
 def test_durations_are_short() -> None:
-    assert [progress.format_duration(s) for s in (None, 4.6, 190, 7500)] == [
+    assert [format_duration(s) for s in (None, 4.6, 190, 7500)] == [
         "-",
         "5s",
         "3m10s",

@@ -20,10 +20,10 @@ from temporalio.client import Client
 from typer.core import TyperGroup
 
 from llmbatch import ledger, schedules
-from llmbatch import search_attributes as sa
 from llmbatch.cli.main import app
 from llmbatch.config import Settings
-from llmbatch.pipeline import JobSummary
+from llmbatch.contract import search_attributes as sa
+from llmbatch.contract.messages import JobSummary
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow

@@ -26,8 +26,8 @@ from botocore.exceptions import ClientError
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
-from llmbatch import search_attributes, storage
 from llmbatch.config import Settings
+from llmbatch.contract import search_attributes, storage
 from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, DevStackError, StackStatus
 from llmbatch.devstack.process import alive

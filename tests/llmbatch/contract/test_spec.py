@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from llmbatch.contracts import JobSpec, SamplingSpec
+from llmbatch.contract.spec import JobSpec, SamplingSpec
 
 
 def spec(**overrides: Any) -> JobSpec:

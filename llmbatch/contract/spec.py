@@ -1,4 +1,4 @@
-"""The job contract: what a caller sends to start a batch job.
+"""The job spec: what a caller sends to start a batch job.
 
 These models are the public API. They travel as Temporal workflow input (JSON), so a
 service in any language can start a job with a dict matching ``llm-batch schema``.

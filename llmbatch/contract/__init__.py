@@ -1,0 +1,17 @@
+"""The contract between llm-batch's workflows, activities, workers and callers.
+
+Everything a workflow may import lives here, and only here: pure data and names,
+no I/O, no clocks, no randomness (a test checks that workflow modules import
+nothing else of llmbatch). Callers in other languages start jobs with the JSON
+shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
+:mod:`~llmbatch.contract.names`.
+
+- ``spec``: what a caller sends (JobSpec and its parts).
+- ``states``: job states, item statuses and error classes (enums).
+- ``names``: workflow, activity, signal, query and update names; workflow ids.
+- ``messages``: what travels between workflows and activities (references and
+  counts, never rows).
+- ``dead_letters``: the dead-letter workflow's messages.
+- ``search_attributes``: the custom search attributes jobs carry.
+- ``progress``: the one-line progress text shown in the Web UI and the CLI.
+"""

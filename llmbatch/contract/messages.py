@@ -1,0 +1,217 @@
+"""What travels between workflows and activities: references and counts, never rows.
+
+Workflows import this module, so it holds pure data only (pydantic, no I/O).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from llmbatch.contract.spec import InputFormat, JobSpec
+from llmbatch.contract.states import JobState
+
+
+class TokenCounts(BaseModel):
+    prompt: int = 0
+    completion: int = 0
+
+    def __add__(self, other: TokenCounts) -> TokenCounts:
+        return TokenCounts(
+            prompt=self.prompt + other.prompt, completion=self.completion + other.completion
+        )
+
+
+class JobLayout(BaseModel):
+    """Where a job's objects live; every key is derived, so retries find the same ones."""
+
+    job_id: str
+    output_root: str = Field(description="<output_uri>/<job_id>")
+    input_format: InputFormat
+
+    @property
+    def staging(self) -> str:
+        return f"{self.output_root}/_staging"
+
+    def shard_plan(self, shard: int) -> str:
+        # Not under staging: a dead-letter re-drive reads the plan after the job ended.
+        return f"{self.output_root}/_plans/shard-{shard:05d}.json"
+
+    def shard_rows(self, shard: int) -> str:
+        return f"{self.staging}/shard-{shard:05d}/rows.jsonl"
+
+    def shard_requests(self, shard: int) -> str:
+        return f"{self.staging}/shard-{shard:05d}/requests.jsonl"
+
+    def output_part(self, shard: int, extension: str) -> str:
+        return f"{self.output_root}/part-{shard:05d}.{extension}"
+
+    def error_part(self, shard: int) -> str:
+        return f"{self.output_root}/errors/part-{shard:05d}.jsonl"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.output_root}/manifest.json"
+
+
+# --- BatchJobWorkflow ------------------------------------------------------------------
+
+
+class PlanResult(BaseModel):
+    layout: JobLayout
+    shard_count: int
+    items_total: int
+    gpu_task_queue: str = Field(description="Queue of the workers that have the job's model.")
+
+
+class JobProgress(BaseModel):
+    """Answer to the ``progress`` query; also the base of the final summary."""
+
+    job_id: str
+    model: str
+    state: JobState = JobState.PLANNING
+    shards_total: int = 0
+    shards_done: int = 0
+    shards_running: list[int] = Field(default_factory=list)
+    items_total: int = 0
+    items_succeeded: int = 0
+    items_dead: int = 0
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
+    started_at: str | None = None
+    failed_shards: list[int] = Field(default_factory=list)
+    paused: bool = Field(default=False, description="Paused by the pause update.")
+
+    @property
+    def items_done(self) -> int:
+        return self.items_succeeded + self.items_dead
+
+
+class JobSummary(JobProgress):
+    output_root: str = ""
+    manifest: str = ""
+    finished_at: str | None = None
+    elapsed_s: float = 0.0
+
+
+def final_state(summary: JobProgress) -> JobState:
+    """How a job ended: ``succeeded`` (nothing dead), ``completed_with_errors`` (some
+    items dead or a shard's output part missing), ``failed`` (no item succeeded)."""
+    if summary.items_total and summary.items_succeeded == 0:
+        return JobState.FAILED
+    if summary.items_dead or summary.failed_shards:
+        return JobState.COMPLETED_WITH_ERRORS
+    return JobState.SUCCEEDED
+
+
+class FinalizeInput(BaseModel):
+    spec: JobSpec
+    layout: JobLayout
+    summary: JobSummary
+
+
+class BatchJobState(BaseModel):
+    """Carried across continue-as-new so a job of any size keeps a short history."""
+
+    plan: PlanResult | None = None
+    next_shard: int = 0
+    progress: JobProgress | None = None
+    finished: list[ShardSummary] = Field(
+        default_factory=list, description="Shard reports received but not yet counted."
+    )
+
+
+class BatchJobInput(BaseModel):
+    """BatchJobWorkflow's input: ``{"spec": JobSpec}``, or the bare JobSpec itself (what
+    ``llm-batch schema`` describes), as a service in another language may send it."""
+
+    spec: JobSpec
+    state: BatchJobState = Field(default_factory=BatchJobState)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_spec(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "spec" not in data:
+            return {"spec": data}
+        return data
+
+
+class JobPausedInput(BaseModel):
+    """Input of ``set_job_paused``."""
+
+    job_id: str
+    paused: bool
+
+
+class JobControlState(BaseModel):
+    """What the pause and resume updates answer: the job's state after the call."""
+
+    job_id: str
+    state: JobState
+    paused: bool
+
+
+# --- ShardWorkflow ---------------------------------------------------------------------
+
+
+class ShardInput(BaseModel):
+    spec: JobSpec
+    layout: JobLayout
+    shard: int
+    gpu_task_queue: str
+    parent_workflow_id: str | None = Field(
+        default=None, description="Job workflow to signal when done; None: just return."
+    )
+    redrive: int = Field(default=0, description="Re-drive number; 0 for the job's own run.")
+    sampling_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Re-drive: sampling fields that replace the items'."
+    )
+
+
+class FetchResult(BaseModel):
+    rows: int
+    invalid: int
+
+
+class RenderResult(BaseModel):
+    to_generate: int
+    already_done: int
+    dead: int
+
+
+class GenerateProgress(BaseModel):
+    """Heartbeat details of ``generate``: how far the attempt got."""
+
+    recorded: int = 0
+    dead: int = 0
+
+
+class GenerateResult(BaseModel):
+    generated: int
+    dead: int
+    skipped: int
+    tokens: TokenCounts
+
+
+class ShardCounts(BaseModel):
+    """A shard's items by outcome, as the ledger has them."""
+
+    succeeded: int
+    dead: int
+    tokens: TokenCounts
+    marked: int = Field(default=0, description="Dead items that this call marked dead.")
+
+
+class ShardSummary(BaseModel):
+    """What a shard reports to its parent when it ends."""
+
+    shard: int
+    items: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
+    output_parts: list[str] = Field(default_factory=list)
+    failed: str | None = Field(default=None, description="Why the shard itself failed, if it did.")
+
+
+BatchJobState.model_rebuild()

@@ -1,0 +1,52 @@
+"""Names of workflows, activities, signals, queries and updates, and workflow ids.
+
+Workflows call activities by these names, so they never import the modules that
+hold boto3, asyncpg or vLLM; callers in other languages use them too.
+"""
+
+from __future__ import annotations
+
+# Workflow types.
+BATCH_JOB_WORKFLOW = "BatchJobWorkflow"
+SHARD_WORKFLOW = "ShardWorkflow"
+DEAD_LETTER_WORKFLOW = "DeadLetterWorkflow"
+
+# Activities.
+PLAN_JOB = "plan_job"
+FETCH_SHARD = "fetch_shard"
+RENDER_PROMPTS = "render_prompts"
+GENERATE = "generate"
+WRITE_SHARD = "write_shard"
+FINALIZE_JOB = "finalize_job"
+# Running `generate` activities cannot receive signals, so pause and resume reach
+# them through the ledger's jobs row, written by this activity.
+SET_JOB_PAUSED = "set_job_paused"
+FAIL_SHARD = "fail_shard"
+REPORT_DEAD_LETTERS = "report_dead_letters"
+REQUEUE_DEAD_LETTERS = "requeue_dead_letters"
+
+# BatchJobWorkflow's handlers.
+SHARD_FINISHED_SIGNAL = "shard_finished"
+PROGRESS_QUERY = "progress"
+PAUSE_UPDATE = "pause"
+RESUME_UPDATE = "resume"
+
+# DeadLetterWorkflow's handlers.
+DEAD_LETTERS_SIGNAL = "dead_letters"
+JOB_FINISHED_SIGNAL = "job_finished"
+DEAD_LETTERS_QUERY = "dead_letters"
+REDRIVE_UPDATE = "redrive"
+
+
+def shard_workflow_id(job_id: str, shard: int) -> str:
+    """A job's own run of a shard (its parent is the job's workflow, id = job id)."""
+    return f"{job_id}/shard-{shard:05d}"
+
+
+def redrive_shard_workflow_id(job_id: str, redrive: int, shard: int) -> str:
+    """A dead-letter re-drive's run of a shard."""
+    return f"{job_id}/redrive-{redrive}/shard-{shard:05d}"
+
+
+def dead_letter_workflow_id(job_id: str) -> str:
+    return f"{job_id}/dlq"

@@ -1,0 +1,71 @@
+"""Job states, item statuses and error classes: declared once, used everywhere.
+
+They are ``StrEnum`` members, so they travel as plain strings in JSON payloads,
+SQL parameters and CLI flags (``dlq redrive --class PromptTooLong``), and compare
+equal to those strings.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class JobState(enum.StrEnum):
+    """Where a job is. The last four are final."""
+
+    PLANNING = "planning"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    COMPLETED_WITH_ERRORS = "completed_with_errors"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def active(self) -> bool:
+        """Planning, running or paused: the job may still change."""
+        return self in (JobState.PLANNING, JobState.RUNNING, JobState.PAUSED)
+
+
+class ItemStatus(enum.StrEnum):
+    """An item's status in the ledger: ``pending → running → succeeded | dead``."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+
+
+#: Statuses an item never leaves (but through a dead-letter re-drive).
+TERMINAL_STATUSES: tuple[ItemStatus, ...] = (ItemStatus.SUCCEEDED, ItemStatus.DEAD)
+
+
+class ErrorClass(enum.StrEnum):
+    """Why an item is dead; users select re-drives by these names."""
+
+    # The input row itself.
+    INVALID_ROW = "InvalidRow"
+    ROW_TOO_LARGE = "RowTooLarge"
+    INVALID_ITEM_ID = "InvalidItemId"
+    # Turning the row into a request.
+    TEMPLATE_ERROR = "TemplateError"
+    INVALID_REQUEST = "InvalidRequest"
+    INVALID_PROMPT = "InvalidPrompt"
+    # The engine's answer.
+    PROMPT_TOO_LONG = "PromptTooLong"
+    INVALID_STRUCTURED_OUTPUT = "InvalidStructuredOutput"
+    # The shard around it failed for good (storage gone, retries spent).
+    SHARD_FAILED = "ShardFailed"
+
+
+class FailureType(enum.StrEnum):
+    """``ApplicationError`` types that llm-batch raises and matches on (retry
+    policies name them as non-retryable)."""
+
+    INVALID_JOB_SPEC = "InvalidJobSpec"
+    SUPERSEDED = "Superseded"
+    INCOMPLETE_SHARD = "IncompleteShard"
+    JOB_NOT_RUNNING = "JobNotRunning"
+    JOB_STILL_RUNNING = "JobStillRunning"
+    REDRIVE_RUNNING = "RedriveRunning"
+    INVALID_REDRIVE = "InvalidRedrive"
