@@ -19,6 +19,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
+from activities.heartbeat import heartbeat_interval
 from llmbatch import ledger, telemetry
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput, TokenCounts
 from llmbatch.contract.names import GENERATE
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 
 FLUSH_EVERY_ITEMS = 256
 FLUSH_EVERY_SECONDS = 1.0
-HEARTBEAT_EVERY_SECONDS = 5.0
 # How often a running attempt reads its job's paused flag from the ledger.
 PAUSE_CHECK_EVERY_SECONDS = 2.0
 
@@ -188,9 +188,10 @@ class _PauseGate:
 async def _heartbeat_loop(progress: GenerateProgress) -> None:
     # Heartbeats carry cancellation to us and tell Temporal we are alive even while
     # the engine is busy with long generations.
+    every_s = heartbeat_interval()
     while True:
         activity.heartbeat(progress.model_dump())
-        await asyncio.sleep(HEARTBEAT_EVERY_SECONDS)
+        await asyncio.sleep(every_s)
 
 
 class _Recorder:

@@ -20,28 +20,22 @@ from temporalio.worker import (
     Interceptor,
 )
 
-HEARTBEAT_EVERY_SECONDS = 5.0
+from activities.heartbeat import heartbeat_interval
 
 
 class BackgroundHeartbeatInterceptor(Interceptor):
-    """Heartbeat every running activity of the worker every ``every_s`` seconds.
+    """Heartbeat every running activity of the worker, several times per its
+    heartbeat timeout.
 
     The heartbeats carry no details: activities that resume from heartbeat details
     (``generate``) heartbeat themselves and do not run on a worker with this.
     """
 
-    def __init__(self, every_s: float = HEARTBEAT_EVERY_SECONDS) -> None:
-        self._every_s = every_s
-
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
-        return _HeartbeatingActivity(next, self._every_s)
+        return _HeartbeatingActivity(next)
 
 
 class _HeartbeatingActivity(ActivityInboundInterceptor):
-    def __init__(self, next: ActivityInboundInterceptor, every_s: float) -> None:
-        super().__init__(next)
-        self._every_s = every_s
-
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         if not activity.info().is_local and asyncio.iscoroutinefunction(input.fn):
             beat = asyncio.create_task(self._beat())
@@ -52,6 +46,7 @@ class _HeartbeatingActivity(ActivityInboundInterceptor):
         return await super().execute_activity(input)
 
     async def _beat(self) -> None:
+        every_s = heartbeat_interval()
         while True:
             activity.heartbeat()
-            await asyncio.sleep(self._every_s)
+            await asyncio.sleep(every_s)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ApplicationError,
+    FailureError,
+    WorkflowAlreadyStartedError,
+)
 
 with workflow.unsafe.imports_passed_through():
     from llmbatch.contract import search_attributes as sa
@@ -36,16 +39,13 @@ with workflow.unsafe.imports_passed_through():
         SHARD_FINISHED_SIGNAL,
         SHARD_WORKFLOW,
         dead_letter_workflow_id,
+        shard_workflow_id,
     )
-    from llmbatch.contract.spec import JOB_ID_PATTERN
+    from llmbatch.contract.progress import format_duration
+    from llmbatch.contract.spec import JOB_ID_PATTERN, JobSpec
+    from llmbatch.contract.states import FailureType, JobState
 
-PLAN_TIMEOUT = timedelta(hours=1)
-FINALIZE_TIMEOUT = timedelta(minutes=15)
-# CPU workers heartbeat every activity in the background (workers/heartbeat.py): a
-# killed worker's step is retried after this, not after its whole timeout.
-CPU_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
-# Pause and resume give up (and change nothing) if the ledger stays out of reach this long.
-CONTROL_TIMEOUT = timedelta(minutes=2)
+from workflows import options
 
 
 @workflow.defn(name=BATCH_JOB_WORKFLOW)
@@ -55,23 +55,32 @@ class BatchJobWorkflow:
     Shards run as children started with ParentClosePolicy.ABANDON and report back by
     the ``shard_finished`` signal, so this workflow can continue as new at any time
     with shards still running, and its history stays short whatever the job size.
+
+    All of the job's state is ``self._state`` (a :class:`BatchJobState`): the plan,
+    the next shard to start, the progress (whose ``shards_running`` is the window)
+    and the reports not yet counted. It is what continue-as-new carries.
     """
 
     @workflow.init
     def __init__(self, input: BatchJobInput) -> None:
-        _take_workflow_id(input)
-        self._reports: list[ShardSummary] = list(input.state.finished)
-        self._progress = input.state.progress or JobProgress(
-            job_id=input.spec.job_id, model=input.spec.model
-        )
+        self._spec = _with_job_id(input.spec)
         self._state = input.state
+        if self._state.progress is None:
+            self._state.progress = JobProgress(job_id=self._spec.job_id, model=self._spec.model)
         self._finishing = False
         # Pause and resume calls apply one at a time, in the order they came.
         self._control = asyncio.Lock()
 
+    @property
+    def _progress(self) -> JobProgress:
+        assert self._state.progress is not None  # set in __init__
+        return self._state.progress
+
+    # --- handlers ---------------------------------------------------------------------
+
     @workflow.signal(name=SHARD_FINISHED_SIGNAL)
     def shard_finished(self, summary: ShardSummary) -> None:
-        self._reports.append(summary)
+        self._state.finished.append(summary)
 
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> JobProgress:
@@ -95,13 +104,170 @@ class BatchJobWorkflow:
     def _validate_resume(self) -> None:
         self._check_controllable("resume")
 
+    # --- the job, step by step ----------------------------------------------------------
+
+    @workflow.run
+    async def run(self, input: BatchJobInput) -> JobSummary:
+        _check_job_id(self._spec.job_id)
+        self._name_for_web_ui()
+        if self._progress.started_at is None:
+            self._progress.started_at = workflow.now().isoformat()
+        if self._state.plan is None:
+            await self._plan()
+        try:
+            await self._run_shards()
+        except asyncio.CancelledError:
+            await self._cancel_shards()
+            raise
+        return await self._finalize()
+
+    async def _plan(self) -> None:
+        """List the inputs and split them into shards (plans go to storage)."""
+        try:
+            plan: PlanResult = await workflow.execute_activity(
+                PLAN_JOB, self._spec, result_type=PlanResult, **options.plan_step(self._spec)
+            )
+        except FailureError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == FailureType.INVALID_JOB_SPEC:
+                # Surface the validation message itself as the job's failure.
+                raise ApplicationError(
+                    cause.message, type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+                ) from err
+            raise
+        self._state.plan = plan
+        p = self._progress
+        p.shards_total, p.items_total = plan.shard_count, plan.items_total
+        p.state = JobState.PAUSED if p.paused else JobState.RUNNING
+        self._publish()
+
+    async def _run_shards(self) -> None:
+        """Keep up to ``max_concurrent_shards`` shards running until all have reported;
+        continue as new whenever Temporal suggests it."""
+        while True:
+            self._count_reports()
+            while self._may_start_shard():
+                await self._start_next_shard()
+            if not self._progress.shards_running and self._all_started():
+                return
+            if workflow.info().is_continue_as_new_suggested():
+                await self._continue_as_new()
+            await workflow.wait_condition(
+                lambda: bool(self._state.finished) or self._may_start_shard()
+            )
+
+    async def _continue_as_new(self) -> None:
+        """Hand the state over to a fresh run; running shards report to it (same id)."""
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(BatchJobInput(spec=self._spec, state=self._state))
+
+    async def _cancel_shards(self) -> None:
+        """Pass the job's cancel on to its running shards: abandoned children do not
+        follow their parent's cancellation on their own."""
+        self._progress.state = JobState.CANCELLED
+        self._publish()
+        for shard in self._progress.shards_running:
+            try:
+                await workflow.get_external_workflow_handle(
+                    shard_workflow_id(self._spec.job_id, shard)
+                ).cancel()
+            except FailureError as err:  # it closed meanwhile: nothing to cancel
+                workflow.logger.info("shard %s not cancelled: %s", shard, err)
+        await self._end_pause()
+
+    async def _finalize(self) -> JobSummary:
+        """Count the outcome from the ledger, write the manifest, tell the dead letters."""
+        plan = self._state.plan
+        assert plan is not None
+        summary = JobSummary(**self._progress.model_dump(), output_root=plan.layout.output_root)
+        summary.state = final_state(summary)
+        summary.finished_at = workflow.now().isoformat()
+        self._progress.state = summary.state
+        await self._end_pause()
+        summary.paused = False
+        self._publish()
+        summary = await workflow.execute_activity(
+            FINALIZE_JOB,
+            FinalizeInput(spec=self._spec, layout=plan.layout, summary=summary),
+            result_type=JobSummary,
+            **options.cpu_step(self._spec, summary="write manifest"),
+        )
+        self._state.progress = summary
+        self._publish()
+        if summary.items_dead:
+            # Re-drives wait for this: they must not race the job's own shards.
+            await workflow.get_external_workflow_handle(
+                dead_letter_workflow_id(self._spec.job_id)
+            ).signal(JOB_FINISHED_SIGNAL, summary)
+        return summary
+
+    # --- the shard window ---------------------------------------------------------------
+
+    def _all_started(self) -> bool:
+        plan = self._state.plan
+        return plan is not None and self._state.next_shard >= plan.shard_count
+
+    def _may_start_shard(self) -> bool:
+        """A free place in the window, a shard left to start, and the job not paused."""
+        return (
+            not self._all_started()
+            and self._state.plan is not None
+            and not self._progress.paused
+            and len(self._progress.shards_running) < self._spec.max_concurrent_shards
+        )
+
+    async def _start_next_shard(self) -> None:
+        plan, p = self._state.plan, self._progress
+        assert plan is not None
+        shard = self._state.next_shard
+        # In the window before the start is awaited: a cancel that comes meanwhile
+        # must reach this shard too.
+        p.shards_running = sorted([*p.shards_running, shard])
+        self._state.next_shard += 1
+        try:
+            await workflow.start_child_workflow(
+                SHARD_WORKFLOW,
+                ShardInput(
+                    spec=self._spec,
+                    layout=plan.layout,
+                    shard=shard,
+                    gpu_task_queue=plan.gpu_task_queue,
+                    parent_workflow_id=workflow.info().workflow_id,
+                ),
+                id=shard_workflow_id(self._spec.job_id, shard),
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                static_summary=f"{self._spec.job_id} shard {shard} of {plan.shard_count}",
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # still running from before a continue-as-new: its signal will come
+
+    def _count_reports(self) -> None:
+        p = self._progress
+        reports, self._state.finished = self._state.finished, []
+        running = set(p.shards_running)
+        for report in reports:
+            if report.shard not in running:
+                continue  # a duplicate report
+            running.discard(report.shard)
+            p.shards_done += 1
+            p.items_succeeded += report.succeeded
+            p.items_dead += report.dead
+            p.tokens = p.tokens + report.tokens
+            if report.failed is not None:
+                p.failed_shards.append(report.shard)
+        p.shards_running = sorted(running)
+        if reports:
+            self._publish()
+
+    # --- pause and resume ---------------------------------------------------------------
+
     def _check_controllable(self, action: str) -> None:
         p = self._progress
-        if self._finishing or p.state == "cancelled":
-            ended = "been cancelled" if p.state == "cancelled" else f"finished ({p.state})"
+        if self._finishing or p.state == JobState.CANCELLED:
+            ended = "been cancelled" if p.state == JobState.CANCELLED else f"finished ({p.state})"
             raise ApplicationError(
                 f"cannot {action} job {p.job_id}: it has {ended}",
-                type="JobNotRunning",
+                type=FailureType.JOB_NOT_RUNNING,
                 non_retryable=True,
             )
 
@@ -112,8 +278,8 @@ class BatchJobWorkflow:
                 # The ledger first: a failed write leaves the job as it was.
                 await self._write_paused(paused)
             p.paused = paused
-            if p.state in ("running", "paused"):
-                p.state = "paused" if paused else "running"
+            if p.state in (JobState.RUNNING, JobState.PAUSED):
+                p.state = JobState.PAUSED if paused else JobState.RUNNING
             self._publish()
             return JobControlState(job_id=p.job_id, state=p.state, paused=p.paused)
 
@@ -124,117 +290,7 @@ class BatchJobWorkflow:
             SET_JOB_PAUSED,
             JobPausedInput(job_id=self._progress.job_id, paused=paused),
             result_type=bool,
-            start_to_close_timeout=timedelta(seconds=30),
-            schedule_to_close_timeout=CONTROL_TIMEOUT,
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-            summary="resume" if not paused else "pause",
-        )
-
-    @workflow.run
-    async def run(self, input: BatchJobInput) -> JobSummary:
-        _take_workflow_id(input)
-        spec, state = input.spec, input.state
-        _check_job_id(spec.job_id)
-        if workflow.info().typed_search_attributes.get(sa.JOB_ID) is None:
-            # Started by a Schedule or another language's client: name it for the Web UI.
-            workflow.upsert_search_attributes(
-                [sa.JOB_ID.value_set(spec.job_id), sa.MODEL.value_set(spec.model)]
-            )
-        progress = self._progress
-        if progress.started_at is None:
-            progress.started_at = workflow.now().isoformat()
-        retry = RetryPolicy(
-            maximum_attempts=spec.retry.max_activity_attempts,
-            maximum_interval=timedelta(seconds=60),
-            non_retryable_error_types=["InvalidJobSpec"],
-        )
-        if state.plan is None:
-            try:
-                state.plan = await workflow.execute_activity(
-                    PLAN_JOB,
-                    spec,
-                    result_type=PlanResult,
-                    start_to_close_timeout=PLAN_TIMEOUT,
-                    heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-                    retry_policy=retry,
-                    summary="list inputs and plan shards",
-                )
-            except Exception as err:
-                cause = getattr(err, "cause", None)
-                if isinstance(cause, ApplicationError) and cause.type == "InvalidJobSpec":
-                    # Surface the validation message itself as the job's failure.
-                    raise ApplicationError(
-                        cause.message, type="InvalidJobSpec", non_retryable=True
-                    ) from err
-                raise
-            progress.shards_total = state.plan.shard_count
-            progress.items_total = state.plan.items_total
-            progress.state = "paused" if progress.paused else "running"
-            self._publish()
-        plan = state.plan
-
-        running = set(progress.shards_running)
-        try:
-            while True:
-                self._count_reports(running)
-                while self._may_start_shard(input, running):
-                    shard = state.next_shard
-                    await self._start_shard(input, plan, shard)
-                    running.add(shard)
-                    state.next_shard += 1
-                    progress.shards_running = sorted(running)
-                if not running and state.next_shard >= plan.shard_count:
-                    break
-                if workflow.info().is_continue_as_new_suggested():
-                    await workflow.wait_condition(workflow.all_handlers_finished)
-                    self._count_reports(running)
-                    state.progress = progress
-                    state.finished = []
-                    workflow.continue_as_new(BatchJobInput(spec=spec, state=state))
-                await workflow.wait_condition(
-                    lambda: bool(self._reports) or self._may_start_shard(input, running)
-                )
-        except asyncio.CancelledError:
-            # Abandoned children do not follow the parent's cancellation on their own.
-            progress.state = "cancelled"
-            for shard in sorted(running):
-                await workflow.get_external_workflow_handle(_shard_id(spec.job_id, shard)).cancel()
-            await self._end_pause()
-            raise
-
-        summary = JobSummary(**progress.model_dump(), output_root=plan.layout.output_root)
-        summary.state = final_state(summary)
-        summary.finished_at = workflow.now().isoformat()
-        self._progress.state = summary.state
-        await self._end_pause()
-        summary.paused = False
-        self._publish()
-        summary = await workflow.execute_activity(
-            FINALIZE_JOB,
-            FinalizeInput(spec=spec, layout=plan.layout, summary=summary),
-            result_type=JobSummary,
-            start_to_close_timeout=FINALIZE_TIMEOUT,
-            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-            retry_policy=retry,
-            summary="write manifest",
-        )
-        self._progress = summary
-        self._publish()
-        if summary.items_dead:
-            # Re-drives wait for this: they must not race the job's own shards.
-            await workflow.get_external_workflow_handle(
-                dead_letter_workflow_id(spec.job_id)
-            ).signal(JOB_FINISHED_SIGNAL, summary)
-        return summary
-
-    def _may_start_shard(self, input: BatchJobInput, running: set[int]) -> bool:
-        """A free place in the window, a shard left to start, and the job not paused."""
-        plan = input.state.plan
-        return (
-            plan is not None
-            and not self._progress.paused
-            and len(running) < input.spec.max_concurrent_shards
-            and input.state.next_shard < plan.shard_count
+            **options.control_step(summary="pause" if paused else "resume"),
         )
 
     async def _end_pause(self) -> None:
@@ -249,25 +305,14 @@ class BatchJobWorkflow:
                 workflow.logger.warning("job %s: paused flag not cleared", self._progress.job_id)
         self._progress.paused = False
 
-    async def _start_shard(self, input: BatchJobInput, plan: PlanResult, shard: int) -> None:
-        job_id = input.spec.job_id
-        try:
-            await workflow.start_child_workflow(
-                SHARD_WORKFLOW,
-                ShardInput(
-                    spec=input.spec,
-                    layout=plan.layout,
-                    shard=shard,
-                    gpu_task_queue=plan.gpu_task_queue,
-                    parent_workflow_id=workflow.info().workflow_id,
-                ),
-                id=_shard_id(job_id, shard),
-                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-                static_summary=f"{job_id} shard {shard} of {plan.shard_count}",
+    # --- what the Web UI shows ------------------------------------------------------------
+
+    def _name_for_web_ui(self) -> None:
+        if workflow.info().typed_search_attributes.get(sa.JOB_ID) is None:
+            # Started by a Schedule or another language's client: name it for the Web UI.
+            workflow.upsert_search_attributes(
+                [sa.JOB_ID.value_set(self._spec.job_id), sa.MODEL.value_set(self._spec.model)]
             )
-        except WorkflowAlreadyStartedError:
-            # Still running from before a continue-as-new: its signal will come.
-            pass
 
     def _publish(self) -> None:
         """Coarse progress for the Web UI: search attributes to filter and sort jobs by,
@@ -299,44 +344,18 @@ class BatchJobWorkflow:
         rate = p.items_done / elapsed
         pace = f"; {rate:.1f} items/s"
         left = p.items_total - p.items_done
-        if p.state in ("running", "paused") and left > 0 and rate > 0:
-            pace += f", ETA {_duration(left / rate)}"
+        if p.state in (JobState.RUNNING, JobState.PAUSED) and left > 0 and rate > 0:
+            pace += f", ETA {format_duration(left / rate)}"
         return pace
 
-    def _count_reports(self, running: set[int]) -> None:
-        progress = self._progress
-        reports, self._reports = self._reports, []
-        for report in reports:
-            if report.shard not in running:
-                continue  # a duplicate report
-            running.discard(report.shard)
-            progress.shards_done += 1
-            progress.items_succeeded += report.succeeded
-            progress.items_dead += report.dead
-            progress.tokens = progress.tokens + report.tokens
-            if report.failed is not None:
-                progress.failed_shards.append(report.shard)
-        progress.shards_running = sorted(running)
-        if reports:
-            self._publish()
 
-
-def _duration(seconds: float) -> str:
-    """A short human duration: 45s, 3m10s, 2h05m."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def _take_workflow_id(input: BatchJobInput) -> None:
+def _with_job_id(spec: JobSpec) -> JobSpec:
     """A spec that leaves the job id out takes the workflow id, so each run of a
     Temporal Schedule ("<schedule>-<scheduled UTC time>") is a job of its own: the
     ledger's key is (job id, item id), and a shared id would find every item done."""
-    if not input.spec.job_id:
-        input.spec = input.spec.model_copy(update={"job_id": workflow.info().workflow_id})
+    if spec.job_id:
+        return spec
+    return spec.model_copy(update={"job_id": workflow.info().workflow_id})
 
 
 def _check_job_id(job_id: str) -> None:
@@ -347,16 +366,12 @@ def _check_job_id(job_id: str) -> None:
         raise ApplicationError(
             f"job_id {job_id!r} differs from the workflow id {workflow_id!r}: "
             "start the job with workflow id = job id, or leave job_id out",
-            type="InvalidJobSpec",
+            type=FailureType.INVALID_JOB_SPEC,
             non_retryable=True,
         )
     if not re.fullmatch(JOB_ID_PATTERN, job_id):
         raise ApplicationError(
             f"workflow id {job_id!r} is not a valid job id (pattern {JOB_ID_PATTERN})",
-            type="InvalidJobSpec",
+            type=FailureType.INVALID_JOB_SPEC,
             non_retryable=True,
         )
-
-
-def _shard_id(job_id: str, shard: int) -> str:
-    return f"{job_id}/shard-{shard:05d}"

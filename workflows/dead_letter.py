@@ -6,7 +6,6 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -32,8 +31,12 @@ with workflow.unsafe.imports_passed_through():
         REDRIVE_UPDATE,
         REQUEUE_DEAD_LETTERS,
         SHARD_WORKFLOW,
+        redrive_shard_workflow_id,
     )
     from llmbatch.contract.spec import SamplingSpec
+    from llmbatch.contract.states import ErrorClass, FailureType
+
+from workflows import options
 
 # The list a query answers stays below this many entries (every item is counted, and
 # the error files next to the output hold them all): the workflow's state must fit in
@@ -42,8 +45,6 @@ MAX_LISTED = 2000
 # Once the job has ended and nothing has happened for this long, the list closes; the
 # ledger and the error files keep the dead items.
 IDLE_RETENTION = timedelta(days=7)
-STEP_TIMEOUT = timedelta(minutes=15)
-CPU_HEARTBEAT_TIMEOUT = timedelta(seconds=30)  # see workers/heartbeat.py
 
 
 @workflow.defn(name=DEAD_LETTER_WORKFLOW)
@@ -80,7 +81,7 @@ class DeadLetterWorkflow:
 
     @workflow.query(name=DEAD_LETTERS_QUERY)
     def view(self) -> DeadLetterView:
-        by_class: dict[str, int] = {}
+        by_class: dict[ErrorClass, int] = {}
         entries: list[DeadLetterEntry] = []
         listed_all = True
         for shard in sorted(self._state.shards):
@@ -117,11 +118,12 @@ class DeadLetterWorkflow:
         if self._state.job is None:
             raise ApplicationError(
                 f"job {job_id} is still running; re-drive its dead items once it has ended",
-                type="JobStillRunning",
+                type=FailureType.JOB_STILL_RUNNING,
             )
         if self._redriving:
             raise ApplicationError(
-                f"a re-drive of job {job_id} is already running", type="RedriveRunning"
+                f"a re-drive of job {job_id} is already running",
+                type=FailureType.REDRIVE_RUNNING,
             )
         if request.sampling:
             try:
@@ -129,7 +131,7 @@ class DeadLetterWorkflow:
             except ValidationError as exc:
                 raise ApplicationError(
                     f"invalid sampling for the re-drive: {_first_error(exc)}",
-                    type="InvalidRedrive",
+                    type=FailureType.INVALID_REDRIVE,
                 ) from None
 
     @workflow.run
@@ -163,10 +165,7 @@ class DeadLetterWorkflow:
                 error_classes=request.error_classes,
             ),
             result_type=RequeueResult,
-            start_to_close_timeout=STEP_TIMEOUT,
-            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
-            summary=f"re-drive {number}: requeue dead items",
+            **options.ledger_step(summary=f"re-drive {number}: requeue dead items"),
         )
         summaries: list[ShardSummary] = []
         window = input.spec.max_concurrent_shards
@@ -189,10 +188,7 @@ class DeadLetterWorkflow:
                 summary=job.model_copy(update={"failed_shards": sorted(failed)}),
             ),
             result_type=JobSummary,
-            start_to_close_timeout=STEP_TIMEOUT,
-            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
-            summary=f"re-drive {number}: rewrite manifest",
+            **options.ledger_step(summary=f"re-drive {number}: rewrite manifest"),
         )
         result = RedriveResult(
             redrive=number,
@@ -217,7 +213,7 @@ class DeadLetterWorkflow:
                 redrive=number,
                 sampling_overrides=request.sampling,
             ),
-            id=f"{input.job_id}/redrive-{number}/shard-{shard:05d}",
+            id=redrive_shard_workflow_id(input.job_id, number, shard),
             result_type=ShardSummary,
             static_summary=f"{input.job_id} re-drive {number}, shard {shard}",
         )

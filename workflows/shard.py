@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.dead_letters import FailShardInput
@@ -27,28 +26,9 @@ with workflow.unsafe.imports_passed_through():
         SHARD_WORKFLOW,
         WRITE_SHARD,
     )
+    from llmbatch.contract.states import ErrorClass
 
-# A retried generate resumes from the ledger, so a short heartbeat timeout costs
-# little and lets a dead GPU worker's shard move on within seconds.
-GENERATE_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
-CPU_STEP_TIMEOUT = timedelta(minutes=15)
-# The CPU worker heartbeats every step in the background (workers/heartbeat.py), so a
-# killed CPU worker's step is retried elsewhere after this, not after CPU_STEP_TIMEOUT.
-CPU_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
-GENERATE_TIMEOUT = timedelta(hours=12)
-# Dead-lettering needs only Postgres: it retries until the ledger answers, so a
-# shard's items are accounted for however long the database is away.
-LEDGER_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
-
-
-def _retry(spec_attempts: int) -> RetryPolicy:
-    return RetryPolicy(
-        initial_interval=timedelta(seconds=1),
-        backoff_coefficient=2.0,
-        maximum_interval=timedelta(seconds=60),
-        maximum_attempts=spec_attempts,
-        non_retryable_error_types=["InvalidJobSpec", "Superseded"],
-    )
+from workflows import options
 
 
 @workflow.defn(name=SHARD_WORKFLOW)
@@ -74,61 +54,47 @@ class ShardWorkflow:
             await workflow.execute_activity(
                 REPORT_DEAD_LETTERS,
                 input,
-                start_to_close_timeout=CPU_STEP_TIMEOUT,
-                heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-                retry_policy=LEDGER_RETRY,
-                summary=f"shard {input.shard}: report {summary.dead} dead items",
+                **options.ledger_step(summary=f"shard {input.shard}: report {summary.dead} dead"),
             )
-        if input.parent_workflow_id is not None:
-            await workflow.get_external_workflow_handle(input.parent_workflow_id).signal(
-                SHARD_FINISHED_SIGNAL, summary
-            )
+        await _tell_parent(input, summary)
         return summary
 
     async def _run_steps(self, input: ShardInput, summary: ShardSummary) -> ShardSummary:
-        retry = _retry(input.spec.retry.max_activity_attempts)
+        spec, shard = input.spec, input.shard
         fetched: FetchResult = await workflow.execute_activity(
             FETCH_SHARD,
             input,
             result_type=FetchResult,
-            start_to_close_timeout=CPU_STEP_TIMEOUT,
-            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-            retry_policy=retry,
-            summary=f"shard {input.shard}: read rows",
+            **options.cpu_step(spec, summary=f"shard {shard}: read rows"),
         )
         summary.items = fetched.rows
+        _stop_if_cancelled()
         rendered: RenderResult = await workflow.execute_activity(
             RENDER_PROMPTS,
             input,
             result_type=RenderResult,
-            start_to_close_timeout=CPU_STEP_TIMEOUT,
-            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-            retry_policy=retry,
-            summary=f"shard {input.shard}: render prompts",
+            **options.cpu_step(spec, summary=f"shard {shard}: render prompts"),
         )
         if rendered.to_generate:
+            _stop_if_cancelled()
             await workflow.execute_activity(
                 GENERATE,
                 input,
-                task_queue=input.gpu_task_queue,
-                start_to_close_timeout=GENERATE_TIMEOUT,
-                heartbeat_timeout=GENERATE_HEARTBEAT_TIMEOUT,
-                retry_policy=retry,
-                # Cancel must reach the engine and abort its requests before we go on.
-                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=f"shard {input.shard}: generate {rendered.to_generate} items",
+                **options.generate_step(
+                    spec,
+                    task_queue=input.gpu_task_queue,
+                    summary=f"shard {shard}: generate {rendered.to_generate} items",
+                ),
             )
-        return await self._write(input, retry)
+        _stop_if_cancelled()
+        return await self._write(input)
 
-    async def _write(self, input: ShardInput, retry: RetryPolicy) -> ShardSummary:
+    async def _write(self, input: ShardInput) -> ShardSummary:
         summary: ShardSummary = await workflow.execute_activity(
             WRITE_SHARD,
             input,
             result_type=ShardSummary,
-            start_to_close_timeout=CPU_STEP_TIMEOUT,
-            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-            retry_policy=retry,
-            summary=f"shard {input.shard}: write output part",
+            **options.cpu_step(input.spec, summary=f"shard {input.shard}: write output part"),
         )
         return summary
 
@@ -137,29 +103,21 @@ class ShardWorkflow:
     ) -> ShardSummary:
         """The shard cannot finish: its unfinished items die with the reason, and the
         output part is still written (when storage allows) with what did succeed."""
-        cause = err.cause or err
-        # An ApplicationError's message may already start with its type's name.
-        kind = cause.type if isinstance(cause, ApplicationError) and cause.type else None
-        kind = kind or type(cause).__name__
-        message = str(cause)
-        reason = message if message.startswith(f"{kind}:") else f"{kind}: {message}"
+        reason = _reason(err)
         counts: ShardCounts = await workflow.execute_activity(
             FAIL_SHARD,
             FailShardInput(
                 job_id=input.spec.job_id,
                 model=input.spec.model,
                 shard=input.shard,
-                error_class="ShardFailed",
+                error_class=ErrorClass.SHARD_FAILED,
                 message=f"shard {input.shard} failed in {err.activity_type}: {reason}",
             ),
             result_type=ShardCounts,
-            start_to_close_timeout=CPU_STEP_TIMEOUT,
-            heartbeat_timeout=CPU_HEARTBEAT_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
-            summary=f"shard {input.shard}: dead-letter unfinished items",
+            **options.ledger_step(summary=f"shard {input.shard}: dead-letter unfinished items"),
         )
         try:
-            summary = await self._write(input, _retry(input.spec.retry.max_activity_attempts))
+            summary = await self._write(input)
         except ActivityError as write_err:
             if isinstance(write_err.cause, CancelledError):
                 raise
@@ -171,3 +129,46 @@ class ShardWorkflow:
             summary.items = counts.succeeded + counts.dead
         summary.failed = reason
         return summary
+
+
+def _stop_if_cancelled() -> None:
+    """End the shard as cancelled if its cancel has come.
+
+    A step that finishes although the cancel was sent to it (the cancel reaches an
+    activity with its next heartbeat, and a ``generate`` about to finish may finish
+    first) returns normally, and the cancel is spent: without this check the
+    shard would go on to its next step, and write and report as if nothing happened.
+    """
+    if workflow.cancellation_reason() is not None:
+        raise asyncio.CancelledError()
+
+
+async def _tell_parent(input: ShardInput, summary: ShardSummary) -> None:
+    """Signal the summary to the job's workflow, if it still runs.
+
+    A parent that was cancelled, terminated or timed out while this shard ran is
+    closed: the signal fails, and there is nobody left to tell. The shard's work is
+    in the ledger either way, so it ends cleanly rather than as a failed workflow.
+    """
+    if input.parent_workflow_id is None:
+        return
+    parent = workflow.get_external_workflow_handle(input.parent_workflow_id)
+    try:
+        await parent.signal(SHARD_FINISHED_SIGNAL, summary)
+    except FailureError as err:
+        workflow.logger.info(
+            "shard %s: job %s has closed, its summary is not sent (%s)",
+            input.shard,
+            input.parent_workflow_id,
+            err,
+        )
+
+
+def _reason(err: ActivityError) -> str:
+    """'<type>: <message>' of the step's failure, without doubling the type when an
+    ApplicationError's message already starts with it."""
+    cause = err.cause or err
+    kind = cause.type if isinstance(cause, ApplicationError) and cause.type else None
+    kind = kind or type(cause).__name__
+    message = str(cause)
+    return message if message.startswith(f"{kind}:") else f"{kind}: {message}"

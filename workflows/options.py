@@ -1,0 +1,101 @@
+"""Activity options of every workflow, declared once.
+
+Each function returns a ``workflow.ActivityConfig`` for one kind of step, to be
+spread into ``workflow.execute_activity(...)``. Timeouts are long enough for the
+largest shard; heartbeat timeouts are short, so a dead worker's step moves to
+another worker within seconds. The workers heartbeat at a fraction of the
+heartbeat timeout the activity was started with (``activity.info()``), so the two
+cannot drift apart (``activities/heartbeat.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from llmbatch.contract.spec import JobSpec
+    from llmbatch.contract.states import FailureType
+
+# Every activity heartbeats (CPU steps in the background, generate with its
+# progress), so a killed worker's step is retried after this, not after its timeout.
+HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+PLAN_TIMEOUT = timedelta(hours=1)
+CPU_STEP_TIMEOUT = timedelta(minutes=15)
+# A retried generate resumes from the ledger, so a long timeout costs nothing.
+GENERATE_TIMEOUT = timedelta(hours=12)
+# Pause and resume give up (and change nothing) if the ledger stays out of reach this long.
+CONTROL_TIMEOUT = timedelta(minutes=2)
+
+# Failures that no retry can mend.
+NON_RETRYABLE = [FailureType.INVALID_JOB_SPEC, FailureType.SUPERSEDED]
+
+
+def step_retry(spec: JobSpec) -> RetryPolicy:
+    """A step of the pipeline: transient failures retry with backoff, up to the
+    job's attempt budget; then the shard (or job) is reported failed."""
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=60),
+        maximum_attempts=spec.retry.max_activity_attempts,
+        non_retryable_error_types=[str(t) for t in NON_RETRYABLE],
+    )
+
+
+# Steps that need only Postgres (dead-lettering, re-drive bookkeeping) retry until
+# the ledger answers, so a shard's items are accounted for however long it is away.
+LEDGER_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
+
+
+def plan_step(spec: JobSpec) -> workflow.ActivityConfig:
+    return workflow.ActivityConfig(
+        start_to_close_timeout=PLAN_TIMEOUT,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        retry_policy=step_retry(spec),
+        summary="list inputs and plan shards",
+    )
+
+
+def cpu_step(spec: JobSpec, *, summary: str) -> workflow.ActivityConfig:
+    """fetch, render, write and finalize: seconds to minutes of I/O on a CPU worker."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=CPU_STEP_TIMEOUT,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        retry_policy=step_retry(spec),
+        summary=summary,
+    )
+
+
+def generate_step(spec: JobSpec, *, task_queue: str, summary: str) -> workflow.ActivityConfig:
+    return workflow.ActivityConfig(
+        task_queue=task_queue,
+        start_to_close_timeout=GENERATE_TIMEOUT,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        retry_policy=step_retry(spec),
+        # Cancel must reach the engine and abort its requests before we go on.
+        cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        summary=summary,
+    )
+
+
+def ledger_step(*, summary: str) -> workflow.ActivityConfig:
+    """A Postgres-only step that must happen, however long the database is away."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=CPU_STEP_TIMEOUT,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        retry_policy=LEDGER_RETRY,
+        summary=summary,
+    )
+
+
+def control_step(*, summary: str) -> workflow.ActivityConfig:
+    """Pause and resume: quick, and given up on if the ledger stays away."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(seconds=30),
+        schedule_to_close_timeout=CONTROL_TIMEOUT,
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+        summary=summary,
+    )
