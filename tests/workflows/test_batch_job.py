@@ -17,9 +17,10 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
-from llmbatch import formats, ledger, search_attributes, storage
+from llmbatch import formats, ledger, storage
 from llmbatch.client import start_job
 from llmbatch.config import Settings
+from llmbatch.contract import search_attributes
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, OutputFormat, SamplingSpec
 from workflows.batch_job import BatchJobWorkflow

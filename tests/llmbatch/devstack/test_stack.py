@@ -27,7 +27,8 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
 from llmbatch.config import Settings
-from llmbatch.contract import search_attributes, storage
+from llmbatch import storage
+from llmbatch.contract import search_attributes
 from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, DevStackError, StackStatus
 from llmbatch.devstack.process import alive
