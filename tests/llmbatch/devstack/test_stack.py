@@ -26,8 +26,8 @@ from botocore.exceptions import ClientError
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
-from llmbatch.config import Settings
 from llmbatch import storage
+from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
 from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, DevStackError, StackStatus
