@@ -8,6 +8,7 @@ import asyncpg
 import pytest
 
 from llmbatch import ledger
+from llmbatch.contract.states import ErrorClass
 
 JOB = "job-1"
 
@@ -20,7 +21,9 @@ def result(item_id: str, text: str = "ok") -> ledger.ItemResult:
     return ledger.ItemResult(item_id, {"text": text, "finish_reason": "stop"}, 3, 2, 1.5)
 
 
-def dead(item_id: str, error_class: str = "X", message: str = "x") -> ledger.DeadItem:
+def dead(
+    item_id: str, error_class: ErrorClass = ErrorClass.INVALID_ROW, message: str = "x"
+) -> ledger.DeadItem:
     return ledger.DeadItem(item_id, 0, error_class, message, f"f.jsonl:{item_id}")
 
 
@@ -53,7 +56,7 @@ async def test_register_claim_record_round_trip(ledger_pool: asyncpg.Pool) -> No
         ledger_pool, job_id=JOB, lease_owner="a", results=[result("i0")]
     )
     assert written == 1
-    too_long = dead("i1", "PromptTooLong", "too long")
+    too_long = dead("i1", ErrorClass.PROMPT_TOO_LONG, "too long")
     assert await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner="a", items=[too_long]) == 1
 
     rows = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
@@ -189,10 +192,10 @@ async def test_a_batch_writes_only_the_rows_its_owner_holds(ledger_pool: asyncpg
 async def test_an_unclaimed_item_can_be_dead_lettered(ledger_pool: asyncpg.Pool) -> None:
     # A row that fails to render never reaches generation, so nobody claims it.
     await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=new(2))
-    bad = dead("i0", "TemplateError", "missing field 'q'")
+    bad = dead("i0", ErrorClass.TEMPLATE_ERROR, "missing field 'q'")
     assert await ledger.record_dead(ledger_pool, job_id=JOB, lease_owner=None, items=[bad]) == 1
     (letter,) = await ledger.dead_items(ledger_pool, job_id=JOB)
-    assert (letter.item_id, letter.error_class, letter.error_message, letter.attempts) == (
+    assert (letter.item_id, letter.error_class, letter.message, letter.attempts) == (
         "i0",
         "TemplateError",
         "missing field 'q'",
@@ -328,16 +331,18 @@ async def test_a_shard_that_fails_unread_is_held_by_dead_placeholders(
         ],
     )
     counts = await ledger.dead_letter_shard(
-        ledger_pool, job_id=JOB, shard=1, error_class="StorageError", error_message="503"
+        ledger_pool, job_id=JOB, shard=1, error_class=ErrorClass.SHARD_FAILED, error_message="503"
     )
     assert (counts.succeeded, counts.dead) == (0, 3)
     letters = await ledger.dead_items(ledger_pool, job_id=JOB, shard=1)
     assert [d.item_id for d in letters] == ["row-2", "row-3", "row-4"]
-    assert {d.error_class for d in letters} == {"StorageError"}
+    assert {d.error_class for d in letters} == {ErrorClass.SHARD_FAILED}
     assert letters[0].source == "s3://b/in.jsonl (row 1 of 3 in shard 1, never read)"
 
     # A re-drive makes them pending; reading the real rows then replaces them.
-    requeued = await ledger.requeue_dead(ledger_pool, job_id=JOB, error_classes=["StorageError"])
+    requeued = await ledger.requeue_dead(
+        ledger_pool, job_id=JOB, error_classes=[ErrorClass.SHARD_FAILED]
+    )
     assert requeued == ledger.Requeued(item_ids=["row-2", "row-3", "row-4"], shards=[1])
     real = [ledger.NewItem(f"id-{k}", 2 + k, "h", f"in.jsonl:line {3 + k}") for k in range(3)]
     await ledger.register_items(ledger_pool, job_id=JOB, shard=1, items=real)
@@ -352,9 +357,9 @@ async def test_a_failed_shard_keeps_its_results_and_kills_the_rest(
     await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["i0", "i1"], lease_owner="a")
     await ledger.record_results(ledger_pool, job_id=JOB, lease_owner="a", results=[result("i0")])
     counts = await ledger.dead_letter_shard(
-        ledger_pool, job_id=JOB, shard=0, error_class="ShardFailed", error_message="gone"
+        ledger_pool, job_id=JOB, shard=0, error_class=ErrorClass.SHARD_FAILED, error_message="gone"
     )
-    assert (counts.succeeded, counts.dead, counts.prompt_tokens) == (1, 2, 3)
+    assert (counts.succeeded, counts.dead, counts.tokens.prompt) == (1, 2, 3)
     assert await statuses(ledger_pool) == {"i0": "succeeded", "i1": "dead", "i2": "dead"}
     # The source of a row that was read stays its own (file and line).
     assert {d.source for d in await ledger.dead_items(ledger_pool, job_id=JOB)} == {
@@ -369,9 +374,17 @@ async def test_requeue_by_error_class_or_everything(ledger_pool: asyncpg.Pool) -
         ledger_pool,
         job_id=JOB,
         lease_owner=None,
-        items=[dead("i0", "A"), dead("i1", "B"), dead("i2", "B")],
+        items=[
+            dead("i0", ErrorClass.INVALID_ROW),
+            dead("i1", ErrorClass.TEMPLATE_ERROR),
+            dead("i2", ErrorClass.TEMPLATE_ERROR),
+        ],
     )
-    assert (await ledger.requeue_dead(ledger_pool, job_id=JOB, error_classes=["B"])).item_ids == [
+    assert (
+        await ledger.requeue_dead(
+            ledger_pool, job_id=JOB, error_classes=[ErrorClass.TEMPLATE_ERROR]
+        )
+    ).item_ids == [
         "i1",
         "i2",
     ]
