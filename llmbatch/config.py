@@ -24,9 +24,6 @@ from pydantic_settings import (
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
 
-# The repository's migrations folder; an editable install keeps it beside the packages.
-DEFAULT_MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
-
 
 def _config_file() -> Path | None:
     explicit = os.environ.get(CONFIG_ENV_VAR)
@@ -60,7 +57,11 @@ class Settings(BaseSettings):
     )
 
     postgres_dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:55432/llmbatch")
-    migrations_dir: Path = DEFAULT_MIGRATIONS_DIR
+    migrations_dir: Path | None = Field(
+        default=None,
+        description="A folder of NNNN_name.sql files to apply instead of the migrations "
+        "shipped with llm-batch (unset: the shipped ones, wherever it is installed).",
+    )
 
     s3_endpoint_url: str | None = "http://127.0.0.1:8333"
     s3_region: str = "us-east-1"

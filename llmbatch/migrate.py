@@ -4,20 +4,26 @@ Each file runs in its own transaction and is recorded in ``schema_migrations``
 with its sha256; running twice is a no-op, and an applied file whose content
 changed is refused. A session advisory lock keeps two processes that start at
 once from racing: the second waits, then finds nothing left to do.
+
+The files ship inside the installed package (the top-level ``migrations`` package's
+data) and are read through :mod:`importlib.resources`, so a wheel installed anywhere
+finds them without the source tree; a folder of one's own may be given instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.resources
 import itertools
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources.abc import Traversable
 
 import asyncpg
 
 _NAME = re.compile(r"^(\d{4})_[A-Za-z0-9_]+\.sql$")
+_FIRST = "0001_initial.sql"
 # Any constant shared by every llm-batch process; it names the lock, nothing else.
 _LOCK_KEY = 0x6C6D6261746368
 
@@ -45,12 +51,39 @@ class Migration:
     checksum: str
 
 
-def load_migrations(directory: Path) -> list[Migration]:
-    """The migration files in ``directory``, checked to be numbered 0001, 0002, … exactly."""
+def packaged_migrations() -> Traversable:
+    """The migrations shipped with llm-batch: a source checkout's ``migrations/`` folder,
+    or the copy inside an installed wheel."""
+    try:
+        found = importlib.resources.files("migrations")
+    except ImportError as exc:
+        # E.g. an editable install made before migrations/ became a package.
+        raise MigrationError(
+            f"llm-batch's migrations are not installed ({exc}); reinstall llm-batch"
+        ) from None
+    # Another project's "migrations" package earlier on sys.path would hold no SQL of
+    # ours; applying "nothing" from it would pass for an up-to-date schema.
+    if not (found / _FIRST).is_file():
+        raise MigrationError(
+            f"the 'migrations' package at {found} is not llm-batch's (no {_FIRST}); "
+            "another package of that name shadows it"
+        )
+    return found
+
+
+def load_migrations(directory: Traversable | None = None) -> list[Migration]:
+    """The ``*.sql`` files in ``directory`` (default: :func:`packaged_migrations`),
+    checked to be numbered 0001, 0002, … exactly.
+
+    A :class:`~pathlib.Path` is a ``Traversable`` too, so a plain folder works as well.
+    """
+    if directory is None:
+        directory = packaged_migrations()
     if not directory.is_dir():
         raise MigrationError(f"migrations folder {directory} does not exist")
     found: list[Migration] = []
-    for path in sorted(directory.glob("*.sql")):
+    files = (p for p in directory.iterdir() if p.name.endswith(".sql") and p.is_file())
+    for path in sorted(files, key=lambda p: p.name):
         match = _NAME.match(path.name)
         if match is None:
             raise MigrationError(
@@ -80,13 +113,16 @@ def load_migrations(directory: Path) -> list[Migration]:
     return found
 
 
-async def apply_migrations(dsn: str, directory: Path) -> list[str]:
-    """Apply the migrations in ``directory`` not applied yet; return the file names applied now.
+async def apply_migrations(dsn: str, directory: Traversable | None = None) -> list[str]:
+    """Apply the migrations in ``directory`` (default: the shipped ones) not applied yet;
+    return the file names applied now.
 
     Raises :class:`MigrationError` when the files are misnamed, numbered with a gap
     or a repeat, differ from what was applied, or when a migration fails (it is
     rolled back; those before it stay applied). Connection errors pass through.
     """
+    if directory is None:
+        directory = packaged_migrations()
     migrations = load_migrations(directory)
     conn = await asyncpg.connect(dsn)
     try:
@@ -103,7 +139,7 @@ async def apply_migrations(dsn: str, directory: Path) -> list[str]:
 
 
 async def _apply_locked(
-    conn: asyncpg.Connection, migrations: list[Migration], directory: Path
+    conn: asyncpg.Connection, migrations: list[Migration], directory: Traversable
 ) -> list[str]:
     await conn.execute(_BOOKKEEPING)
     applied = {

