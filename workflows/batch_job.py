@@ -163,17 +163,30 @@ class BatchJobWorkflow:
 
     async def _cancel_shards(self) -> None:
         """Pass the job's cancel on to its running shards: abandoned children do not
-        follow their parent's cancellation on their own."""
-        self._progress.state = JobState.CANCELLED
+        follow their parent's cancellation on their own.
+
+        The cancel reaches a running ``generate`` only with its next heartbeat (up to
+        ~24 s, as Temporal throttles them); the ledger's paused flag, which it reads
+        every 2 s, holds its engine requests until then. The flag stays set: nothing
+        of a cancelled job runs again (re-drives need a job that finished).
+        """
+        p = self._progress
+        p.state = JobState.CANCELLED
         self._publish()
-        for shard in self._progress.shards_running:
+        self._finishing = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._state.plan is not None and p.shards_running:
+            try:
+                await self._write_paused(True)
+            except FailureError as err:  # the cancels below still stop the shards
+                workflow.logger.warning("job %s: engine requests not held: %s", p.job_id, err)
+        for shard in p.shards_running:
             try:
                 await workflow.get_external_workflow_handle(
                     shard_workflow_id(self._spec.job_id, shard)
                 ).cancel()
             except FailureError as err:  # it closed meanwhile: nothing to cancel
                 workflow.logger.info("shard %s not cancelled: %s", shard, err)
-        await self._end_pause()
 
     async def _finalize(self) -> JobSummary:
         """Count the outcome from the ledger, write the manifest, tell the dead letters."""

@@ -225,6 +225,12 @@ async def test_cancel_stops_a_running_job_and_keeps_its_partial_results(
     )
     job = spec.job_id
     await eventually(lambda: some_succeeded(pool, job), within_s=JOB_TIMEOUT_S)
+    # Paused, the running generate holds its claimed items and sends no more to the
+    # engine (it reads the flag every 2 s); the cancel reaches it only with a
+    # heartbeat (up to ~24 s). Without the pause a fast engine could finish the
+    # whole shard first, and the test would measure the engine, not the cancel.
+    code, _, err = await cli(workers, "pause", job)
+    assert code == 0, err
 
     code, out, err = await cli(workers, "cancel", job, "--json")
     assert code == 0, err
