@@ -13,6 +13,7 @@ from llmbatch import formats, ledger, openai_batch, telemetry
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat
+from llmbatch.contract.states import TERMINAL_STATUSES, ItemStatus
 from llmbatch.records import StagedRow, load_jsonl
 
 
@@ -29,7 +30,7 @@ class WriteActivities:
             for r in load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow)
         }
         entries = await ledger.shard_results(self._ctx.pool, job_id=spec.job_id, shard=shard)
-        unfinished = [e.item_id for e in entries if e.status not in ("succeeded", "dead")]
+        unfinished = [e.item_id for e in entries if e.status not in TERMINAL_STATUSES]
         if unfinished:
             raise ApplicationError(
                 f"shard {shard} has {len(unfinished)} unfinished items (first: {unfinished[0]!r})",
@@ -39,7 +40,7 @@ class WriteActivities:
         summary = ShardSummary(shard=shard, items=len(entries))
         tokens = TokenCounts()
         for e in entries:
-            if e.status == "succeeded":
+            if e.status is ItemStatus.SUCCEEDED:
                 summary.succeeded += 1
                 tokens = tokens + TokenCounts(
                     prompt=e.prompt_tokens or 0, completion=e.completion_tokens or 0
@@ -61,7 +62,7 @@ class WriteActivities:
             await self._ctx.write(part, formats.write_jsonl(out_rows))
         else:
             out = [_output_row(spec, e, rows.get(e.item_id)) for e in entries]
-            err_rows = [_error_line(e) for e in entries if e.status == "dead"]
+            err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
             if spec.output_format is OutputFormat.PARQUET:
                 part = layout.output_part(shard, "parquet")
                 await self._ctx.write(part, formats.write_parquet(out))
@@ -98,7 +99,7 @@ def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -
         fields = {k: fields.get(k) for k in spec.output_fields}
     result = entry.result or {}
     error = None
-    if entry.status == "dead":
+    if entry.status is ItemStatus.DEAD:
         error = {
             "class": entry.error_class,
             "message": entry.error_message,
@@ -121,7 +122,7 @@ def _openai_lines(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     out, errors = [], []
     for e in entries:
-        if e.status == "succeeded":
+        if e.status is ItemStatus.SUCCEEDED:
             result = e.result or {}
             out.append(
                 openai_batch.output_line(

@@ -29,6 +29,7 @@ from llmbatch.cli.common import emit_json_line
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.progress import format_duration
+from llmbatch.contract.states import JobState
 
 # Rates are measured over this much of the recent past: long enough to span a few
 # shard reports (the workflow counts items when a shard finishes), short enough to
@@ -120,7 +121,7 @@ class Rates:
             tokens_per_s = tokens / elapsed if elapsed else 0.0
         left = progress.items_total - progress.items_done
         eta = left / items_per_s if items_per_s > 0 and left > 0 else None
-        if progress.state not in ("running", "paused") or progress.paused:
+        if progress.state not in (JobState.RUNNING, JobState.PAUSED) or progress.paused:
             eta = None  # no pace to finish at while paused, nothing left once ended
         return Snapshot(progress, items_per_s, tokens_per_s, eta)
 

@@ -21,11 +21,6 @@ class JobState(enum.StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def active(self) -> bool:
-        """Planning, running or paused: the job may still change."""
-        return self in (JobState.PLANNING, JobState.RUNNING, JobState.PAUSED)
-
 
 class ItemStatus(enum.StrEnum):
     """An item's status in the ledger: ``pending → running → succeeded | dead``."""
