@@ -37,10 +37,14 @@ class StagedRequest(BaseModel):
 
 
 def dump_jsonl(records: Iterable[BaseModel]) -> bytes:
+    """Staged records as JSONL, one a line. JSON escapes every line break inside a
+    value, so a record never spans lines."""
     return b"".join(r.model_dump_json().encode() + b"\n" for r in records)
 
 
 def load_jsonl(data: bytes, model: type[M]) -> Iterator[M]:
+    """The records of :func:`dump_jsonl`'s output, validated as ``model`` (blank lines
+    skipped)."""
     for line in data.splitlines():
         if line.strip():
             yield model.model_validate_json(line)
