@@ -84,11 +84,8 @@ def read_parquet_bytes(data: bytes) -> Iterator[dict[str, Any]]:
     come back as the values written."""
     table = pq.read_table(io.BytesIO(data))
     metadata = table.schema.metadata or {}
-    raw = metadata.get(JSON_COLUMNS_KEY, b"[]")
-    try:
-        as_json = json.loads(raw)
-    except ValueError:  # an older file: a comma-separated list
-        as_json = [c for c in raw.decode().split(",") if c]
+    # Files other tools wrote lack the key: nothing to decode there.
+    as_json = json.loads(metadata.get(JSON_COLUMNS_KEY, b"[]"))
     for row in table.to_pylist():
         for column in as_json:
             if isinstance(row.get(column), str):
