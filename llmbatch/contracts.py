@@ -18,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # its workflow id. No "/" (shard workflows are "<job>/shard-<n>"), no spaces.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
+# The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
+# validation (run in workflows, which may not import I/O code) needs them too;
+# format detection imports them from here, so the two never disagree.
+JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json-lines", ".jsonlines")
+
 
 class InputFormat(enum.StrEnum):
     """How input rows are encoded. ``openai`` is OpenAI batch JSONL."""
@@ -157,4 +162,5 @@ class JobSpec(_Strict):
 
 
 def _looks_like_jsonl(uri: str) -> bool:
-    return uri.lower().endswith((".jsonl", ".ndjson", ".json-lines", "*"))
+    # A glob ending in "*" may match OpenAI batch JSONL too: planning decides.
+    return uri.lower().endswith((*JSONL_EXTENSIONS, "*"))

@@ -47,8 +47,10 @@ def test_bad_specs_are_refused_naming_the_problem(overrides: dict[str, Any], mes
         spec(**overrides)
 
 
-def test_openai_batch_input_needs_no_messages() -> None:
-    s = spec(inputs=["s3://b/batch.jsonl"], messages=None)
+@pytest.mark.parametrize("name", ["batch.jsonl", "batch.NDJSON", "b.jsonlines", "b-*"])
+def test_openai_batch_input_needs_no_messages(name: str) -> None:
+    # Every name format detection takes for JSON lines (OpenAI batch input among them).
+    s = spec(inputs=[f"s3://b/{name}"], messages=None)
     assert s.messages is None
 
 
