@@ -10,7 +10,7 @@ from temporalio import activity
 
 from activities.context import ActivityContext
 from llmbatch import ledger, openai_batch, telemetry
-from llmbatch.contracts import InputFormat, JobSpec, SamplingSpec
+from llmbatch.contracts import InputFormat, JobSpec
 from llmbatch.pipeline import RENDER_PROMPTS, RenderResult, ShardInput
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.templates import PromptTemplate, TemplateError
@@ -107,7 +107,8 @@ def _render(
     overrides: dict[str, Any],
 ) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
     template = PromptTemplate(spec.messages) if spec.messages else None
-    default = _override(spec.sampling, overrides)
+    # A re-drive's sampling fields win over the job's and the request's own.
+    default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
     dead: list[ledger.DeadItem] = []
 
@@ -134,7 +135,7 @@ def _render(
             except openai_batch.InvalidRequest as exc:
                 fail(row, "InvalidRequest", str(exc))
                 continue
-            sampling = _override(sampling, overrides)
+            sampling = sampling.with_overrides(overrides)
             requests[row.item_id] = StagedRequest(
                 item_id=row.item_id,
                 source=row.source,
@@ -155,13 +156,6 @@ def _render(
                 sampling=None if default == spec.sampling else default,
             )
     return requests, dead
-
-
-def _override(sampling: SamplingSpec, overrides: dict[str, Any]) -> SamplingSpec:
-    """A re-drive's sampling fields win over the job's and the request's own."""
-    if not overrides:
-        return sampling
-    return SamplingSpec.model_validate({**sampling.model_dump(), **overrides})
 
 
 def _hashes(

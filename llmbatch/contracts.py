@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -85,6 +86,15 @@ class SamplingSpec(_Strict):
         if self.choice is not None and len(set(self.choice)) != len(self.choice):
             raise ValueError("choice has duplicate entries")
         return self
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> SamplingSpec:
+        """These parameters with ``overrides`` (field name to value) put over them, e.g.
+        a re-drive's over a job's or a request's own. The result is validated as a
+        whole, so an unknown field or a second structured-output constraint raises
+        ``ValidationError``."""
+        if not overrides:
+            return self
+        return SamplingSpec.model_validate({**self.model_dump(), **overrides})
 
 
 class RetrySpec(_Strict):
