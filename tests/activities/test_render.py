@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from activities.render import _render
 from llmbatch.contracts import ChatMessage, InputFormat, JobSpec, SamplingSpec
 from llmbatch.openai_batch import CHAT_COMPLETIONS_URL
@@ -17,7 +19,7 @@ SPEC = JobSpec(
 )
 
 
-def row(item_id: str, fields: dict[str, object]) -> StagedRow:
+def row(item_id: str, fields: dict[str, Any]) -> StagedRow:
     return StagedRow(item_id=item_id, ordinal=0, source="in.jsonl:1", fields=fields)
 
 
