@@ -140,9 +140,19 @@ class ObjectStore(Protocol):
         ...
 
 
+def split_scheme(uri: str) -> tuple[str | None, str]:
+    """``(scheme, rest)`` of ``scheme://rest``, the scheme as written; ``(None, uri)``
+    for a plain path. The one place a URI's scheme is taken apart: not urlsplit,
+    because a key may hold ``?`` or ``#``, which are glob or plain characters here."""
+    scheme, sep, rest = uri.partition("://")
+    return (scheme, rest) if sep else (None, uri)
+
+
 def scheme_of(uri: str) -> str:
-    """``s3``, ``file`` (also for plain paths), or whatever else the URI names."""
-    return uri.partition("://")[0].lower() if "://" in uri else "file"
+    """``s3``, ``file`` (also for plain paths), or whatever else the URI names, in
+    lower case (schemes are case-insensitive)."""
+    scheme, _ = split_scheme(uri)
+    return "file" if scheme is None else scheme.lower()
 
 
 def open_store(uri: str, settings: Settings) -> ObjectStore:
@@ -160,11 +170,8 @@ def join(uri: str, *parts: str) -> str:
 
     ``join("s3://b/out/", "job", "part-1.jsonl") == "s3://b/out/job/part-1.jsonl"``.
     """
-    if "://" in uri:
-        scheme, rest = uri.split("://", 1)
-        base = f"{scheme}://{rest.rstrip('/')}"
-    else:
-        base = uri.rstrip("/")
+    scheme, rest = split_scheme(uri)
+    base = rest.rstrip("/") if scheme is None else f"{scheme}://{rest.rstrip('/')}"
     pieces = [p for part in parts for p in part.split("/") if p]
     for piece in pieces:
         if piece in (".", ".."):
@@ -225,10 +232,8 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
 
 def split_s3(uri: str, *, need_key: bool = True) -> tuple[str, str]:
     """``(bucket, key)`` of an ``s3://`` URI."""
-    # Not urlsplit: a key may hold "?" or "#", which are glob or plain characters here.
-    scheme, sep, rest = uri.partition("://")
-    bucket, _, key = rest.partition("/")
-    if not sep or scheme.lower() != "s3" or not bucket:
+    bucket, _, key = split_scheme(uri)[1].partition("/")
+    if scheme_of(uri) != "s3" or not bucket:
         raise StorageError(f"not an s3://bucket/key URI: {uri}")
     if need_key and not key:
         raise StorageError(f"{uri} names a bucket, not an object")
@@ -501,8 +506,8 @@ class _S3Reader(io.RawIOBase):
 
 def local_path(uri: str) -> Path:
     """The path of a ``file://`` URI or a plain path."""
-    if "://" in uri:
-        scheme, _, rest = uri.partition("://")
+    scheme, rest = split_scheme(uri)
+    if scheme is not None:
         host, slash, path = rest.partition("/")
         if scheme.lower() != "file":
             raise StorageError(f"not a file:// URI or path: {uri}")
@@ -528,7 +533,7 @@ class LocalStore:
 
     def list(self, uri: str) -> list[ObjectInfo]:
         path = local_path(uri)
-        as_uri = uri.startswith("file://")
+        as_uri = split_scheme(uri)[0] is not None  # local_path allows only file://
         if _has_glob(str(path)):
             # glob skips dot-files for us, as the S3 side's regex does not need to.
             matches = [Path(p) for p in globlib.glob(str(path), recursive=True)]

@@ -20,7 +20,7 @@ import pytest
 from llmbatch import formats
 from llmbatch.config import Settings
 from llmbatch.contracts import InputFormat
-from llmbatch.storage import LocalStore, ObjectInfo, ObjectStore, open_store
+from llmbatch.storage import LocalStore, ObjectInfo, ObjectStore, open_store, scheme_of
 
 STORE = LocalStore()
 
@@ -183,7 +183,7 @@ def test_ordinals_run_on_across_objects_and_stores(
     b = ObjectInfo(f"s3://{bucket}/b.jsonl", 16)
 
     def store_for(uri: str) -> ObjectStore:
-        return s3 if uri.startswith("s3://") else STORE
+        return s3 if scheme_of(uri) == "s3" else STORE
 
     plans = formats.plan_shards(store_for, [a, b], InputFormat.JSONL, shard_size=2)
     assert [(p.index, p.uri, p.first_row, p.row_count) for p in plans] == [

@@ -320,6 +320,35 @@ def test_local_delete_prefix(tree: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("uri", "split", "scheme"),
+    [
+        ("s3://b/k?x#y", ("s3", "b/k?x#y"), "s3"),  # "?" and "#" stay in the key
+        ("S3://b/k", ("S3", "b/k"), "s3"),
+        ("file:///tmp/x", ("file", "/tmp/x"), "file"),
+        ("/tmp/x", (None, "/tmp/x"), "file"),
+        ("rel/x.csv", (None, "rel/x.csv"), "file"),
+        ("gs://b/k", ("gs", "b/k"), "gs"),
+    ],
+)
+def test_split_scheme_and_scheme_of(uri: str, split: tuple[str | None, str], scheme: str) -> None:
+    assert storage.split_scheme(uri) == split
+    assert storage.scheme_of(uri) == scheme
+
+
+def test_split_s3_and_local_path_refuse_other_schemes() -> None:
+    assert storage.split_s3("S3://b/a/k") == ("b", "a/k")
+    assert storage.split_s3("s3://b", need_key=False) == ("b", "")
+    for uri in ("/b/k", "file:///b/k", "gs://b/k", "s3:///k"):
+        with pytest.raises(StorageError, match="not an s3://bucket/key URI"):
+            storage.split_s3(uri)
+    assert storage.local_path("FILE:///tmp/x") == Path("/tmp/x")
+    with pytest.raises(StorageError, match="not a file:// URI"):
+        storage.local_path("s3://b/k")
+    with pytest.raises(StorageError, match="name no host"):
+        storage.local_path("file://host/x")
+
+
+@pytest.mark.parametrize(
     ("base", "parts", "joined"),
     [
         ("s3://b", ("out", "job-1"), "s3://b/out/job-1"),
