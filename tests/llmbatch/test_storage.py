@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
 from pydantic import SecretStr
 
 from llmbatch import storage
@@ -171,6 +173,42 @@ def test_s3_streaming_read_resumes_after_a_dropped_connection(
         rest = reader.read()
         assert reader.raw._resumes == 1  # type: ignore[attr-defined]
     assert first + rest == data[100:-100]
+
+
+class _DroppingClient:
+    """A stand-in S3 client whose first GET body breaks off after ``keep`` bytes, as
+    a dropped connection does (no real server can be told to do that on demand)."""
+
+    def __init__(self, data: bytes, keep: int) -> None:
+        self.data, self.keep = data, keep
+        self.ranges: list[str] = []
+
+    def get_object(self, Bucket: str, Key: str, Range: str, **_: Any) -> dict[str, Any]:
+        self.ranges.append(Range)
+        first, last = (int(n) for n in Range.removeprefix("bytes=").split("-"))
+        body = io.BytesIO(self.data[first : last + 1])
+        if len(self.ranges) == 1:
+            body = _BreaksOff(body, self.keep)
+        return {"ETag": '"e1"', "Body": body}
+
+
+class _BreaksOff(io.BytesIO):
+    def __init__(self, inner: io.BytesIO, keep: int) -> None:
+        super().__init__(inner.read(keep))
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        if not data:
+            raise IncompleteReadError(actual_bytes=0, expected_bytes=size or 0)
+        return data
+
+
+def test_s3_read_range_resumes_after_a_dropped_connection() -> None:
+    data = bytes(range(256)) * 8
+    client = _DroppingClient(data, keep=100)
+    store = S3Store(Settings(), client=client)  # type: ignore[arg-type]
+    assert store.read_range("s3://b/k", 10, 1010) == data[10:1010]
+    assert client.ranges == ["bytes=10-1009", "bytes=110-1009"]
 
 
 def test_s3_streaming_read_refuses_an_object_replaced_midway(
