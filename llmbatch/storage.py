@@ -195,6 +195,10 @@ def _hidden(relative: str) -> bool:
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """A regex for a shell-style glob over ``/``-separated keys: ``*`` and ``?`` stay
     within one part, ``[...]`` is a character class, a ``**`` part spans any depth."""
+    # By hand: pyarrow.fs does no globbing, fnmatch's "*" crosses "/", and the
+    # stdlib's glob.translate (these rules) comes only with Python 3.13.
+    # fsspec.utils.glob_translate agrees with this, but fsspec is no dependency of
+    # ours (only vLLM brings it), and these lines do not pay for one.
     out: list[str] = []
     segments = pattern.split("/")
     for n, segment in enumerate(segments):
@@ -290,6 +294,12 @@ def _permanent(exc: ClientError, uri: str) -> Exception:
 
 class S3Store:
     """S3 through boto3, with the ``standard`` retry mode for throttling and 5xx."""
+
+    # boto3, not pyarrow.fs.S3FileSystem: pyarrow reports every S3 failure as a bare
+    # OSError with a message ("AWS Error NETWORK_CONNECTION during HeadObject ..."),
+    # so telling permanent (StorageError) from transient (Temporal retries) would come
+    # down to matching text; and its ranged reads pin no ETag, so an object replaced
+    # mid-scan would go unnoticed (see _S3Reader).
 
     def __init__(self, settings: Settings, *, client: S3Client | None = None) -> None:
         self._client = client or s3_client(settings)
@@ -617,6 +627,10 @@ class LocalStore:
 
 class _Limited(io.RawIOBase):
     """At most ``remaining`` bytes of a file, from where it stands."""
+
+    # pyarrow's NativeFile.get_stream(offset, nbytes) would do this, but a local
+    # read would then be a pyarrow file for this one case and a Python file for all
+    # others; a few lines keep them all plain files, whose OSErrors _os_error sorts.
 
     def __init__(self, f: BinaryIO, remaining: int) -> None:
         self._f = f
