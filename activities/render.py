@@ -129,19 +129,11 @@ def _render(
             continue
         if fmt is InputFormat.OPENAI:
             try:
-                _, messages, sampling = openai_batch.parse_request(
-                    row.fields, defaults=spec.sampling
-                )
+                _, messages, own = openai_batch.parse_request(row.fields, defaults=spec.sampling)
             except openai_batch.InvalidRequest as exc:
                 fail(row, "InvalidRequest", str(exc))
                 continue
-            sampling = sampling.with_overrides(overrides)
-            requests[row.item_id] = StagedRequest(
-                item_id=row.item_id,
-                source=row.source,
-                messages=messages,
-                sampling=None if sampling == spec.sampling else sampling,
-            )
+            sampling = own.with_overrides(overrides)
         else:
             assert template is not None  # JobSpec refuses a non-OpenAI job without messages
             try:
@@ -149,12 +141,14 @@ def _render(
             except TemplateError as exc:
                 fail(row, "TemplateError", str(exc))
                 continue
-            requests[row.item_id] = StagedRequest(
-                item_id=row.item_id,
-                source=row.source,
-                messages=messages,
-                sampling=None if default == spec.sampling else default,
-            )
+            sampling = default
+        requests[row.item_id] = StagedRequest(
+            item_id=row.item_id,
+            source=row.source,
+            messages=messages,
+            # None stands for the job's own sampling: not repeated on every staged row.
+            sampling=None if sampling == spec.sampling else sampling,
+        )
     return requests, dead
 
 
