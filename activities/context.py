@@ -23,7 +23,7 @@ class ActivityContext:
 
     def store(self, uri: str) -> storage.ObjectStore:
         """The store for ``uri``'s scheme, created once (boto3 clients are costly)."""
-        scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+        scheme = storage.scheme_of(uri)
         if scheme not in self._stores:
             self._stores[scheme] = storage.open_store(uri, self.settings)
         return self._stores[scheme]
@@ -47,5 +47,5 @@ class ActivityContext:
 def _object_attrs(uri: str) -> dict[str, str]:
     # The scheme and the object's own name (rows.jsonl, part-00003.parquet): enough to
     # tell the reads and writes of a shard apart, without the bucket or the path.
-    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    scheme = storage.scheme_of(uri)
     return {"scheme": scheme, "object": uri.rstrip("/").rsplit("/", 1)[-1]}

@@ -12,7 +12,7 @@ from activities.context import ActivityContext
 from llmbatch import ledger, openai_batch, telemetry
 from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
-from llmbatch.contract.spec import InputFormat, JobSpec, SamplingSpec
+from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.templates import PromptTemplate, TemplateError
@@ -109,7 +109,8 @@ def _render(
     overrides: dict[str, Any],
 ) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
     template = PromptTemplate(spec.messages) if spec.messages else None
-    default = _override(spec.sampling, overrides)
+    # A re-drive's sampling fields win over the job's and the request's own.
+    default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
     dead: list[ledger.DeadItem] = []
 
@@ -132,19 +133,11 @@ def _render(
             continue
         if fmt is InputFormat.OPENAI:
             try:
-                _, messages, sampling = openai_batch.parse_request(
-                    row.fields, defaults=spec.sampling
-                )
+                _, messages, own = openai_batch.parse_request(row.fields, defaults=spec.sampling)
             except openai_batch.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
                 continue
-            sampling = _override(sampling, overrides)
-            requests[row.item_id] = StagedRequest(
-                item_id=row.item_id,
-                source=row.source,
-                messages=messages,
-                sampling=None if sampling == spec.sampling else sampling,
-            )
+            sampling = own.with_overrides(overrides)
         else:
             assert template is not None  # JobSpec refuses a non-OpenAI job without messages
             try:
@@ -152,20 +145,15 @@ def _render(
             except TemplateError as exc:
                 fail(row, ErrorClass.TEMPLATE_ERROR, str(exc))
                 continue
-            requests[row.item_id] = StagedRequest(
-                item_id=row.item_id,
-                source=row.source,
-                messages=messages,
-                sampling=None if default == spec.sampling else default,
-            )
+            sampling = default
+        requests[row.item_id] = StagedRequest(
+            item_id=row.item_id,
+            source=row.source,
+            messages=messages,
+            # None stands for the job's own sampling: not repeated on every staged row.
+            sampling=None if sampling == spec.sampling else sampling,
+        )
     return requests, dead
-
-
-def _override(sampling: SamplingSpec, overrides: dict[str, Any]) -> SamplingSpec:
-    """A re-drive's sampling fields win over the job's and the request's own."""
-    if not overrides:
-        return sampling
-    return SamplingSpec.model_validate({**sampling.model_dump(), **overrides})
 
 
 def _hashes(

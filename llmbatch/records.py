@@ -6,7 +6,6 @@ memory; their keys are fixed by (job, shard), so a retried step overwrites its o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -39,17 +38,14 @@ class StagedRequest(BaseModel):
 
 
 def dump_jsonl(records: Iterable[BaseModel]) -> bytes:
+    """Staged records as JSONL, one a line. JSON escapes every line break inside a
+    value, so a record never spans lines."""
     return b"".join(r.model_dump_json().encode() + b"\n" for r in records)
 
 
 def load_jsonl(data: bytes, model: type[M]) -> Iterator[M]:
+    """The records of :func:`dump_jsonl`'s output, validated as ``model`` (blank lines
+    skipped)."""
     for line in data.splitlines():
         if line.strip():
             yield model.model_validate_json(line)
-
-
-def jsonl_bytes(rows: Iterable[dict[str, Any]]) -> bytes:
-    """Output rows as JSONL (UTF-8, one object a line, no ASCII escaping)."""
-    return b"".join(
-        json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for row in rows
-    )

@@ -140,9 +140,19 @@ class ObjectStore(Protocol):
         ...
 
 
+def split_scheme(uri: str) -> tuple[str | None, str]:
+    """``(scheme, rest)`` of ``scheme://rest``, the scheme as written; ``(None, uri)``
+    for a plain path. The one place a URI's scheme is taken apart: not urlsplit,
+    because a key may hold ``?`` or ``#``, which are glob or plain characters here."""
+    scheme, sep, rest = uri.partition("://")
+    return (scheme, rest) if sep else (None, uri)
+
+
 def scheme_of(uri: str) -> str:
-    """``s3``, ``file`` (also for plain paths), or whatever else the URI names."""
-    return uri.partition("://")[0].lower() if "://" in uri else "file"
+    """``s3``, ``file`` (also for plain paths), or whatever else the URI names, in
+    lower case (schemes are case-insensitive)."""
+    scheme, _ = split_scheme(uri)
+    return "file" if scheme is None else scheme.lower()
 
 
 def open_store(uri: str, settings: Settings) -> ObjectStore:
@@ -160,11 +170,8 @@ def join(uri: str, *parts: str) -> str:
 
     ``join("s3://b/out/", "job", "part-1.jsonl") == "s3://b/out/job/part-1.jsonl"``.
     """
-    if "://" in uri:
-        scheme, rest = uri.split("://", 1)
-        base = f"{scheme}://{rest.rstrip('/')}"
-    else:
-        base = uri.rstrip("/")
+    scheme, rest = split_scheme(uri)
+    base = rest.rstrip("/") if scheme is None else f"{scheme}://{rest.rstrip('/')}"
     pieces = [p for part in parts for p in part.split("/") if p]
     for piece in pieces:
         if piece in (".", ".."):
@@ -188,6 +195,10 @@ def _hidden(relative: str) -> bool:
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """A regex for a shell-style glob over ``/``-separated keys: ``*`` and ``?`` stay
     within one part, ``[...]`` is a character class, a ``**`` part spans any depth."""
+    # By hand: pyarrow.fs does no globbing, fnmatch's "*" crosses "/", and the
+    # stdlib's glob.translate (these rules) comes only with Python 3.13.
+    # fsspec.utils.glob_translate agrees with this, but fsspec is no dependency of
+    # ours (only vLLM brings it), and these lines do not pay for one.
     out: list[str] = []
     segments = pattern.split("/")
     for n, segment in enumerate(segments):
@@ -225,10 +236,8 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
 
 def split_s3(uri: str, *, need_key: bool = True) -> tuple[str, str]:
     """``(bucket, key)`` of an ``s3://`` URI."""
-    # Not urlsplit: a key may hold "?" or "#", which are glob or plain characters here.
-    scheme, sep, rest = uri.partition("://")
-    bucket, _, key = rest.partition("/")
-    if not sep or scheme.lower() != "s3" or not bucket:
+    bucket, _, key = split_scheme(uri)[1].partition("/")
+    if scheme_of(uri) != "s3" or not bucket:
         raise StorageError(f"not an s3://bucket/key URI: {uri}")
     if need_key and not key:
         raise StorageError(f"{uri} names a bucket, not an object")
@@ -285,6 +294,12 @@ def _permanent(exc: ClientError, uri: str) -> Exception:
 
 class S3Store:
     """S3 through boto3, with the ``standard`` retry mode for throttling and 5xx."""
+
+    # boto3, not pyarrow.fs.S3FileSystem: pyarrow reports every S3 failure as a bare
+    # OSError with a message ("AWS Error NETWORK_CONNECTION during HeadObject ..."),
+    # so telling permanent (StorageError) from transient (Temporal retries) would come
+    # down to matching text; and its ranged reads pin no ETag, so an object replaced
+    # mid-scan would go unnoticed (see _S3Reader).
 
     def __init__(self, settings: Settings, *, client: S3Client | None = None) -> None:
         self._client = client or s3_client(settings)
@@ -347,18 +362,11 @@ class S3Store:
             raise _permanent(exc, uri) from exc
 
     def read_range(self, uri: str, start: int, end: int) -> bytes:
+        # The reader's ranged GET, so a range whose body drops midway is resumed too.
         if end <= start:
             return b""
-        bucket, key = split_s3(uri)
-        try:
-            response = self._client.get_object(
-                Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
-            )
-        except ClientError as exc:
-            if _error_code(exc) in ("InvalidRange", "416"):
-                return b""  # starts at or past the end, like reading a file there
-            raise _permanent(exc, uri) from exc
-        return response["Body"].read()
+        with self.open_read(uri, start=start, end=end) as f:
+            return f.read(end - start)
 
     def open_read(self, uri: str, *, start: int = 0, end: int | None = None) -> BinaryIO:
         raw = _S3Reader(self._client, uri, start=start, end=end)
@@ -446,8 +454,9 @@ class _S3Reader(io.RawIOBase):
             response = self._client.get_object(**args)
         except ClientError as exc:
             if _error_code(exc) in ("InvalidRange", "416"):
+                # Starts at or past the end: nothing to read, as from a file there.
                 self._body = None
-                self._end = self._pos  # nothing at or past the end
+                self._end = self._pos
                 return
             if _error_code(exc) in ("PreconditionFailed", "412"):
                 raise StorageError(f"{self._uri} changed while it was being read") from exc
@@ -501,8 +510,8 @@ class _S3Reader(io.RawIOBase):
 
 def local_path(uri: str) -> Path:
     """The path of a ``file://`` URI or a plain path."""
-    if "://" in uri:
-        scheme, _, rest = uri.partition("://")
+    scheme, rest = split_scheme(uri)
+    if scheme is not None:
         host, slash, path = rest.partition("/")
         if scheme.lower() != "file":
             raise StorageError(f"not a file:// URI or path: {uri}")
@@ -528,7 +537,7 @@ class LocalStore:
 
     def list(self, uri: str) -> list[ObjectInfo]:
         path = local_path(uri)
-        as_uri = uri.startswith("file://")
+        as_uri = split_scheme(uri)[0] is not None  # local_path allows only file://
         if _has_glob(str(path)):
             # glob skips dot-files for us, as the S3 side's regex does not need to.
             matches = [Path(p) for p in globlib.glob(str(path), recursive=True)]
@@ -618,6 +627,10 @@ class LocalStore:
 
 class _Limited(io.RawIOBase):
     """At most ``remaining`` bytes of a file, from where it stands."""
+
+    # pyarrow's NativeFile.get_stream(offset, nbytes) would do this, but a local
+    # read would then be a pyarrow file for this one case and a Python file for all
+    # others; a few lines keep them all plain files, whose OSErrors _os_error sorts.
 
     def __init__(self, f: BinaryIO, remaining: int) -> None:
         self._f = f

@@ -33,7 +33,6 @@ with workflow.unsafe.imports_passed_through():
         SHARD_WORKFLOW,
         redrive_shard_workflow_id,
     )
-    from llmbatch.contract.spec import SamplingSpec
     from llmbatch.contract.states import ErrorClass, FailureType
 
 from workflows import options
@@ -127,7 +126,7 @@ class DeadLetterWorkflow:
             )
         if request.sampling:
             try:
-                _merged_sampling(self._input.spec.sampling, request.sampling)
+                self._input.spec.sampling.with_overrides(request.sampling)
             except ValidationError as exc:
                 raise ApplicationError(
                     f"invalid sampling for the re-drive: {_first_error(exc)}",
@@ -218,10 +217,6 @@ class DeadLetterWorkflow:
             static_summary=f"{input.job_id} re-drive {number}, shard {shard}",
         )
         return summary
-
-
-def _merged_sampling(base: SamplingSpec, overrides: dict[str, object]) -> SamplingSpec:
-    return SamplingSpec.model_validate({**base.model_dump(), **overrides})
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -228,7 +228,7 @@ async def check_inputs(spec: JobSpec, settings: Settings) -> None:
     stores: dict[str, storage.ObjectStore] = {}
 
     def store_for(uri: str) -> storage.ObjectStore:
-        scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+        scheme = storage.scheme_of(uri)
         if scheme not in stores:
             stores[scheme] = storage.open_store(uri, settings)
         return stores[scheme]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # UTC time>" (e.g. "nightly-2025-06-01T02:00:00Z"), and a scheduled run's job id is
 # its workflow id. No "/" (shard workflows are "<job>/shard-<n>"), no spaces.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+# The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
+# validation (run in workflows, which may not import I/O code) needs them too;
+# format detection imports them from here, so the two never disagree.
+JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json-lines", ".jsonlines")
 
 
 class InputFormat(enum.StrEnum):
@@ -80,6 +86,15 @@ class SamplingSpec(_Strict):
         if self.choice is not None and len(set(self.choice)) != len(self.choice):
             raise ValueError("choice has duplicate entries")
         return self
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> SamplingSpec:
+        """These parameters with ``overrides`` (field name to value) put over them, e.g.
+        a re-drive's over a job's or a request's own. The result is validated as a
+        whole, so an unknown field or a second structured-output constraint raises
+        ``ValidationError``."""
+        if not overrides:
+            return self
+        return SamplingSpec.model_validate({**self.model_dump(), **overrides})
 
 
 class RetrySpec(_Strict):
@@ -157,4 +172,5 @@ class JobSpec(_Strict):
 
 
 def _looks_like_jsonl(uri: str) -> bool:
-    return uri.lower().endswith((".jsonl", ".ndjson", ".json-lines", "*"))
+    # A glob ending in "*" may match OpenAI batch JSONL too: planning decides.
+    return uri.lower().endswith((*JSONL_EXTENSIONS, "*"))

@@ -7,7 +7,8 @@ writing output files.
   JSONL and CSV once (bounded memory), Parquet from its footer.
 - :mod:`~llmbatch.formats.readers`: :func:`read_shard` yields :class:`SourceRow`; bad
   rows come back with an error and their line, never raise.
-- :mod:`~llmbatch.formats.writers`: output JSONL/Parquet and staged JSONL records.
+- :mod:`~llmbatch.formats.writers`: output JSONL/Parquet (staged records between a
+  shard's steps are :mod:`llmbatch.records`).
 """
 
 from llmbatch.contract.spec import InputFormat
@@ -21,8 +22,6 @@ from llmbatch.formats.readers import (
 )
 from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, plan_shards
 from llmbatch.formats.writers import (
-    dump_jsonl_records,
-    load_jsonl_records,
     read_jsonl_bytes,
     read_parquet_bytes,
     write_jsonl,
@@ -39,9 +38,7 @@ __all__ = [
     "SourceRow",
     "csv_delimiter",
     "detect_format",
-    "dump_jsonl_records",
     "field_names",
-    "load_jsonl_records",
     "plan_shards",
     "read_jsonl_bytes",
     "read_parquet_bytes",

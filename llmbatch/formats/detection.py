@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-from llmbatch.contract.spec import InputFormat
+from llmbatch.contract.spec import JSONL_EXTENSIONS, InputFormat
 
 # How much of an object to read to tell its format or list its fields.
 SNIFF_BYTES = 256 << 10
 PARQUET_MAGIC = b"PAR1"
 UTF8_BOM = b"\xef\xbb\xbf"
 
-JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json-lines", ".jsonlines")
 CSV_EXTENSIONS = (".csv", ".tsv")
 PARQUET_EXTENSIONS = (".parquet", ".pq")
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".snappy", ".zip")

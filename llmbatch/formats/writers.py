@@ -1,4 +1,8 @@
-"""Output files (JSONL, Parquet) and the JSONL records staged between a shard's steps."""
+"""Output files (JSONL, Parquet).
+
+The records staged between a shard's steps are JSONL too, but typed: see
+:mod:`llmbatch.records`.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel
 
 from llmbatch.formats.parquet import jsonable
 
@@ -37,19 +40,6 @@ def read_jsonl_bytes(data: bytes) -> Iterator[dict[str, Any]]:
     """The objects of a JSONL file written by :func:`write_jsonl` (blank lines skipped)."""
     for line in _lines(data):
         yield json.loads(line)
-
-
-def dump_jsonl_records(records: Iterable[BaseModel | dict[str, Any]]) -> bytes:
-    """Staged records (models or dicts) as JSONL, one a line."""
-    return b"".join(
-        (r.model_dump_json().encode() if isinstance(r, BaseModel) else _dumps(r)) + b"\n"
-        for r in records
-    )
-
-
-def load_jsonl_records(data: bytes) -> Iterator[dict[str, Any]]:
-    """The records of :func:`dump_jsonl_records`'s output, as dicts."""
-    return read_jsonl_bytes(data)
 
 
 def _json_column(values: list[Any]) -> bool:
@@ -94,11 +84,8 @@ def read_parquet_bytes(data: bytes) -> Iterator[dict[str, Any]]:
     come back as the values written."""
     table = pq.read_table(io.BytesIO(data))
     metadata = table.schema.metadata or {}
-    raw = metadata.get(JSON_COLUMNS_KEY, b"[]")
-    try:
-        as_json = json.loads(raw)
-    except ValueError:  # an older file: a comma-separated list
-        as_json = [c for c in raw.decode().split(",") if c]
+    # Files other tools wrote lack the key: nothing to decode there.
+    as_json = json.loads(metadata.get(JSON_COLUMNS_KEY, b"[]"))
     for row in table.to_pylist():
         for column in as_json:
             if isinstance(row.get(column), str):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
 from pydantic import SecretStr
 
 from llmbatch import storage
@@ -173,6 +175,42 @@ def test_s3_streaming_read_resumes_after_a_dropped_connection(
     assert first + rest == data[100:-100]
 
 
+class _DroppingClient:
+    """A stand-in S3 client whose first GET body breaks off after ``keep`` bytes, as
+    a dropped connection does (no real server can be told to do that on demand)."""
+
+    def __init__(self, data: bytes, keep: int) -> None:
+        self.data, self.keep = data, keep
+        self.ranges: list[str] = []
+
+    def get_object(self, Bucket: str, Key: str, Range: str, **_: Any) -> dict[str, Any]:
+        self.ranges.append(Range)
+        first, last = (int(n) for n in Range.removeprefix("bytes=").split("-"))
+        body = io.BytesIO(self.data[first : last + 1])
+        if len(self.ranges) == 1:
+            body = _BreaksOff(body, self.keep)
+        return {"ETag": '"e1"', "Body": body}
+
+
+class _BreaksOff(io.BytesIO):
+    def __init__(self, inner: io.BytesIO, keep: int) -> None:
+        super().__init__(inner.read(keep))
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        if not data:
+            raise IncompleteReadError(actual_bytes=0, expected_bytes=size or 0)
+        return data
+
+
+def test_s3_read_range_resumes_after_a_dropped_connection() -> None:
+    data = bytes(range(256)) * 8
+    client = _DroppingClient(data, keep=100)
+    store = S3Store(Settings(), client=client)  # type: ignore[arg-type]
+    assert store.read_range("s3://b/k", 10, 1010) == data[10:1010]
+    assert client.ranges == ["bytes=10-1009", "bytes=110-1009"]
+
+
 def test_s3_streaming_read_refuses_an_object_replaced_midway(
     s3: storage.ObjectStore, bucket: str
 ) -> None:
@@ -317,6 +355,35 @@ def test_local_delete_prefix(tree: Path) -> None:
 
 
 # --- URIs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uri", "split", "scheme"),
+    [
+        ("s3://b/k?x#y", ("s3", "b/k?x#y"), "s3"),  # "?" and "#" stay in the key
+        ("S3://b/k", ("S3", "b/k"), "s3"),
+        ("file:///tmp/x", ("file", "/tmp/x"), "file"),
+        ("/tmp/x", (None, "/tmp/x"), "file"),
+        ("rel/x.csv", (None, "rel/x.csv"), "file"),
+        ("gs://b/k", ("gs", "b/k"), "gs"),
+    ],
+)
+def test_split_scheme_and_scheme_of(uri: str, split: tuple[str | None, str], scheme: str) -> None:
+    assert storage.split_scheme(uri) == split
+    assert storage.scheme_of(uri) == scheme
+
+
+def test_split_s3_and_local_path_refuse_other_schemes() -> None:
+    assert storage.split_s3("S3://b/a/k") == ("b", "a/k")
+    assert storage.split_s3("s3://b", need_key=False) == ("b", "")
+    for uri in ("/b/k", "file:///b/k", "gs://b/k", "s3:///k"):
+        with pytest.raises(StorageError, match="not an s3://bucket/key URI"):
+            storage.split_s3(uri)
+    assert storage.local_path("FILE:///tmp/x") == Path("/tmp/x")
+    with pytest.raises(StorageError, match="not a file:// URI"):
+        storage.local_path("s3://b/k")
+    with pytest.raises(StorageError, match="name no host"):
+        storage.local_path("file://host/x")
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,19 @@ def classify(*, inputs: list[str], output_uri: str, model: str, **overrides: Any
     return JobSpec(**values)
 
 
+def classify_on_disk(
+    tmp_path: Path, rows: list[dict[str, Any]], model: str, **overrides: Any
+) -> JobSpec:
+    """A classify job over ``rows``, written as JSONL under ``tmp_path/in``; its
+    output goes under ``tmp_path/out``."""
+    source = tmp_path / "in" / "companies.jsonl"
+    source.parent.mkdir()
+    source.write_bytes(jsonl_bytes(rows))
+    return classify(
+        inputs=[str(source)], output_uri=f"file://{tmp_path / 'out'}", model=model, **overrides
+    )
+
+
 async def run(client: Client, settings: Settings, spec: JobSpec) -> JobSummary:
     handle, started = await start_job(client, spec, settings=settings)
     assert started
@@ -135,14 +148,10 @@ async def test_csv_from_s3_every_item_once_and_choices_hold(
 async def test_jsonl_from_disk_more_shards_than_window_parquet_out(
     workers: Settings, temporal_client: Client, tmp_path: Path, model_name: str
 ) -> None:
-    rows = companies(120)
-    source = tmp_path / "in" / "companies.jsonl"
-    source.parent.mkdir()
-    source.write_bytes(jsonl_bytes(rows))
-    spec = classify(
-        inputs=[str(source)],
-        output_uri=f"file://{tmp_path / 'out'}",
-        model=model_name,
+    spec = classify_on_disk(
+        tmp_path,
+        companies(120),
+        model_name,
         shard_size=10,
         max_concurrent_shards=3,
         output_format=OutputFormat.PARQUET,

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from llmbatch.config import Settings
+from llmbatch.storage import split_s3
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +73,7 @@ def companies(bucket: str, s3_client: Any) -> list[str]:
 
 
 def output_item_ids(s3_client: Any, manifest_uri: str) -> list[str]:
-    bucket, _, key = manifest_uri.removeprefix("s3://").partition("/")
+    bucket, key = split_s3(manifest_uri)
     manifest = json.loads(s3_client.get_object(Bucket=bucket, Key=key)["Body"].read())
     ids = []
     for part in manifest["output_parts"]:

@@ -30,9 +30,8 @@ from llmbatch.contract.names import (
     SHARD_WORKFLOW,
     dead_letter_workflow_id,
 )
-from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.engine import Engine
-from tests.fixtures.small_history import small_history_env
+from tests.fixtures.small_history import one_row_shard_job, small_history_env
 from workers.cpu import cpu_worker
 from workers.gpu import gpu_worker
 from workflows.batch_job import BatchJobWorkflow
@@ -61,16 +60,7 @@ async def test_every_workflow_replays_deterministically(
     source.write_text(
         "".join(json.dumps({"m": i} if i == DEAD_ROW else {"n": i}) + "\n" for i in range(SHARDS))
     )
-    spec = JobSpec(
-        job_id=f"replay-{uuid.uuid4().hex[:8]}",
-        inputs=[str(source)],
-        messages=[ChatMessage(role="user", content="Number {{ n }}")],
-        model=model_name,
-        sampling=SamplingSpec(choice=["odd", "even"], max_tokens=4),
-        shard_size=1,
-        max_concurrent_shards=3,
-        output_uri=f"file://{tmp_path / 'out'}",
-    )
+    spec = one_row_shard_job(f"replay-{uuid.uuid4().hex[:8]}", source, model_name, tmp_path / "out")
     async with small_history_env(stack) as env:
         client = env.client
         async with (

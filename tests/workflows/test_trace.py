@@ -24,7 +24,7 @@ from temporalio.worker import Replayer
 
 from llmbatch import telemetry
 from llmbatch.config import Settings
-from tests.workflows.test_batch_job import classify, companies, jsonl_bytes, run
+from tests.workflows.test_batch_job import classify_on_disk, companies, run
 from workflows.batch_job import BatchJobWorkflow
 from workflows.shard import ShardWorkflow
 
@@ -77,15 +77,7 @@ async def test_one_job_is_one_connected_trace(
     tmp_path: Path,
     model_name: str,
 ) -> None:
-    source = tmp_path / "in" / "companies.jsonl"
-    source.parent.mkdir()
-    source.write_bytes(jsonl_bytes(companies(45)))
-    spec = classify(
-        inputs=[str(source)],
-        output_uri=f"file://{tmp_path / 'out'}",
-        model=model_name,
-        shard_size=15,
-    )
+    spec = classify_on_disk(tmp_path, companies(45), model_name, shard_size=15)
 
     summary = await run(temporal_client, workers, spec)
 
@@ -196,15 +188,7 @@ async def test_item_and_token_counters_equal_the_job_counts(
     # Dead in generate: longer than the test engine's 512-token context.
     for row in rows[20:22]:
         row["name"] = "lab " * 1500
-    source = tmp_path / "in" / "companies.jsonl"
-    source.parent.mkdir()
-    source.write_bytes(jsonl_bytes(rows))
-    spec = classify(
-        inputs=[str(source)],
-        output_uri=f"file://{tmp_path / 'out'}",
-        model=model_name,
-        shard_size=10,
-    )
+    spec = classify_on_disk(tmp_path, rows, model_name, shard_size=10)
 
     summary = await run(temporal_client, workers, spec)
 

@@ -47,8 +47,10 @@ def test_bad_specs_are_refused_naming_the_problem(overrides: dict[str, Any], mes
         spec(**overrides)
 
 
-def test_openai_batch_input_needs_no_messages() -> None:
-    s = spec(inputs=["s3://b/batch.jsonl"], messages=None)
+@pytest.mark.parametrize("name", ["batch.jsonl", "batch.NDJSON", "b.jsonlines", "b-*"])
+def test_openai_batch_input_needs_no_messages(name: str) -> None:
+    # Every name format detection takes for JSON lines (OpenAI batch input among them).
+    s = spec(inputs=[f"s3://b/{name}"], messages=None)
     assert s.messages is None
 
 
@@ -66,3 +68,17 @@ def test_job_id_may_be_left_out_or_be_a_scheduled_run_id() -> None:
     assert spec(job_id="").job_id == ""
     # A Temporal Schedule names its runs "<workflow id>-<RFC 3339 UTC time>".
     assert spec(job_id="nightly-2025-06-01T02:00:00Z").job_id == "nightly-2025-06-01T02:00:00Z"
+
+
+def test_sampling_overrides_win_and_are_validated_as_a_whole() -> None:
+    base = SamplingSpec(temperature=0.5, max_tokens=10, choice=["a", "b"])
+    assert base.with_overrides({}) is base
+    merged = base.with_overrides({"max_tokens": 20, "seed": 7})
+    assert (merged.temperature, merged.max_tokens, merged.seed) == (0.5, 20, 7)
+    assert merged.choice == ["a", "b"] and base.max_tokens == 10  # base unchanged
+    # Swapping the constraint takes clearing the old one, else two are set.
+    assert base.with_overrides({"choice": None, "regex": "x+"}).regex == "x+"
+    with pytest.raises(ValidationError, match="at most one"):
+        base.with_overrides({"regex": "x+"})
+    with pytest.raises(ValidationError, match="temprature"):
+        base.with_overrides({"temprature": 1})
