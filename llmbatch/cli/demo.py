@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from llmbatch.cli.common import fail, out
+from llmbatch.cli.common import fail, job_url, out
 from llmbatch.cli.jobview import follow_job, print_summary, show_results
 from llmbatch.config import Settings
 
@@ -88,7 +88,7 @@ async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: in
         handle, started = await start_job(client, spec, settings=settings)
         out.print(
             f"job {spec.job_id} {'started' if started else 'exists already; following it'}: "
-            f"{settings.web_ui_url}/namespaces/{settings.temporal_namespace}/workflows/{spec.job_id}"
+            f"{job_url(settings, spec.job_id)}"
         )
         summary = await follow_job(client, handle, quiet=False)
     print_summary(summary, as_json=False)
