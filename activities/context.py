@@ -19,14 +19,11 @@ from llmbatch.config import Settings
 class ActivityContext:
     settings: Settings
     pool: asyncpg.Pool
-    _stores: dict[str, storage.ObjectStore] = field(default_factory=dict)
+    store: storage.Stores = field(init=False)
 
-    def store(self, uri: str) -> storage.ObjectStore:
-        """The store for ``uri``'s scheme, created once (boto3 clients are costly)."""
-        scheme = storage.scheme_of(uri)
-        if scheme not in self._stores:
-            self._stores[scheme] = storage.open_store(uri, self.settings)
-        return self._stores[scheme]
+    def __post_init__(self) -> None:
+        # The store for a URI's scheme, created once per worker process.
+        self.store = storage.Stores(self.settings)
 
     # boto3 and file I/O block: run them off the event loop that also drives the
     # Temporal worker and, on GPU workers, the engine.

@@ -17,22 +17,27 @@ Error contract of :meth:`Engine.generate`:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import dataclasses
+import difflib
+import io
 import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import tokens_input
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
@@ -42,6 +47,7 @@ from llmbatch.contract.states import ErrorClass
 
 __all__ = [
     "Engine",
+    "EngineArgumentError",
     "EngineDeadError",
     "EngineOptions",
     "GenerationRequest",
@@ -76,42 +82,84 @@ def on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-class EngineOptions(BaseModel):
-    """Engine settings passed through to vLLM; ``None`` keeps vLLM's default.
+# AsyncEngineArgs' fields: the names vLLM's engine takes, and all it takes.
+ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 
-    On vLLM's CPU platform (``vllm.platforms.current_platform.is_cpu()``) the
-    defaults are what the CPU build needs: dtype ``float32`` when ``auto``, eager
-    mode always (no CUDA graphs there), and ``gpu_memory_utilization`` 0.3 when
-    neither it nor ``kv_cache_memory_bytes`` is given; on CPU it is the share of RAM
-    the engine's worker may use, the KV cache getting what the model leaves of it.
+
+class EngineArgumentError(ValueError):
+    """An engine argument vLLM does not declare, or a value it refuses; one line."""
+
+
+class EngineOptions(BaseModel):
+    """The engine a worker builds: the model, and any of vLLM's own engine arguments.
+
+    ``engine_args`` holds :class:`AsyncEngineArgs` fields by name (``max_model_len``,
+    ``max_num_seqs``, ``tensor_parallel_size``, ``quantization``, ...), with the values
+    vLLM takes; they are vLLM's declarations, not repeated here. A name vLLM does not
+    declare is refused, so a misspelt one fails at once instead of being ignored. An
+    argument left out keeps vLLM's default, except on vLLM's CPU platform
+    (``current_platform.is_cpu()``), where the defaults are what the CPU build needs:
+    dtype ``float32`` when ``auto``, eager mode always (no CUDA graphs there), and
+    ``gpu_memory_utilization`` 0.3 when neither it nor ``kv_cache_memory_bytes`` is
+    given; on CPU it is the share of RAM the engine's worker may use, the KV cache
+    getting what the model leaves of it.
+
+    The model is a field of its own: llm-batch needs it too (the GPU task queue is
+    named after it).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
-    dtype: str = "auto"
-    max_model_len: int | None = Field(default=None, ge=1)
-    max_num_seqs: int | None = Field(default=None, ge=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
-    enable_prefix_caching: bool | None = None
-    quantization: str | None = None
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    kv_cache_memory_bytes: int | None = Field(
-        default=None, ge=1, description="KV cache size; sizes it instead of the memory share."
-    )
-    enforce_eager: bool = False
-    seed: int = 0
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _declared_by_vllm(cls, engine_args: dict[str, Any]) -> dict[str, Any]:
+        for name in engine_args:
+            if name == "model":
+                raise ValueError("give the model as EngineOptions.model (--model), not here")
+            if name not in ENGINE_ARG_NAMES:
+                raise ValueError(
+                    f"{name!r} is not a vLLM engine argument{_did_you_mean(name, ENGINE_ARG_NAMES)}"
+                )
+        return engine_args
+
+    @classmethod
+    def from_cli_args(cls, model: str, argv: Sequence[str]) -> EngineOptions:
+        """Options from vLLM engine arguments as its CLI takes them (``--max-model-len
+        4096 -tp 2 --enable-prefix-caching --compilation-config.mode 3 ...``).
+
+        Parsed by vLLM's own parser, so every engine argument of the installed vLLM is
+        accepted, spelt as vLLM spells it. Only the arguments given are kept (the rest
+        keep vLLM's defaults, or the CPU ones). An unknown argument or a bad value is an
+        :class:`EngineArgumentError` with a one-line message.
+        """
+        parser = _engine_arg_parser()
+        # Only what is given: with every default suppressed, the namespace holds just
+        # the arguments in ``argv`` (the CPU defaults must know what was left out).
+        # Per action: parser.set_defaults() would put SUPPRESS itself in the namespace.
+        for action in parser._actions:
+            if action.dest in ENGINE_ARG_NAMES:
+                action.default = argparse.SUPPRESS
+        try:
+            given = vars(parser.parse_args(list(argv)))
+        except EngineArgumentError:
+            raise
+        except (OSError, ValueError) as exc:  # e.g. --config with a missing or bad file
+            raise EngineArgumentError(f"vLLM engine arguments: {exc}") from None
+        try:
+            return cls(model=model, engine_args=given)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{e['loc'][0]}: {e.get('ctx', {}).get('error', e['msg'])}" for e in exc.errors()
+            )
+            raise EngineArgumentError(f"invalid engine options: {problems}") from None
 
     def to_engine_args(self) -> AsyncEngineArgs:
-        """vLLM's engine arguments: the options that are set, plus the CPU defaults."""
+        """vLLM's engine arguments: ours, then the ones given, then the CPU defaults."""
         values: dict[str, Any] = {
             "model": self.model,
-            "dtype": self.dtype,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "pipeline_parallel_size": self.pipeline_parallel_size,
-            "enforce_eager": self.enforce_eager,
-            "seed": self.seed,
             # Per-interval stat logging is noise in a worker's log; metrics come from us.
             "disable_log_stats": True,
             # Compact JSON: fewer tokens, and no model can stall in endless whitespace.
@@ -119,24 +167,66 @@ class EngineOptions(BaseModel):
                 backend="xgrammar", disable_any_whitespace=True
             ),
         }
-        for name in (
-            "max_model_len",
-            "max_num_seqs",
-            "enable_prefix_caching",
-            "quantization",
-            "gpu_memory_utilization",
-            "kv_cache_memory_bytes",
-        ):
-            value = getattr(self, name)
-            if value is not None:
-                values[name] = value
+        values.update(self.engine_args)
         if on_cpu():
-            if self.dtype == "auto":
+            if values.get("dtype", "auto") == "auto":
                 values["dtype"] = CPU_DTYPE
             values["enforce_eager"] = True
-            if self.kv_cache_memory_bytes is None:
-                values.setdefault("gpu_memory_utilization", CPU_MEMORY_SHARE)
+            if values.get("kv_cache_memory_bytes") is None and (
+                values.get("gpu_memory_utilization") is None
+            ):
+                values["gpu_memory_utilization"] = CPU_MEMORY_SHARE
         return AsyncEngineArgs(**values)
+
+
+def engine_args_help(keyword: str) -> str:
+    """vLLM's own help for its engine arguments: ``all``, one config group (e.g.
+    ``ModelConfig``, ``CacheConfig``, ``SchedulerConfig``) or the arguments whose name
+    contains ``keyword`` (vLLM's ``--help=KEYWORD``)."""
+    parser = _engine_arg_parser()
+    text = io.StringIO()
+    # vLLM prints the help and exits; we want the text.
+    with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
+        parser.parse_args([f"--help={keyword}"])
+    return text.getvalue()
+
+
+class _EngineArgParser(FlexibleArgumentParser):
+    """vLLM's parser, with errors raised as EngineArgumentError (argparse would print
+    a usage block and exit 2) and an unknown argument named with a suggestion."""
+
+    def error(self, message: str) -> NoReturn:
+        raise EngineArgumentError(f"vLLM engine arguments: {message}")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            raise EngineArgumentError(_unknown_message(extra))
+        return parsed, extra
+
+
+def _engine_arg_parser() -> FlexibleArgumentParser:
+    """vLLM's engine arguments, declared by vLLM (as its run_batch and serve use them)."""
+    # No abbreviations: vLLM's CLI would take --max-num-seq for --max-num-seqs; here a
+    # name is exact, so a misspelt one is refused instead of guessed.
+    parser = _EngineArgParser(prog="llm-batch worker gpu --model MODEL", allow_abbrev=False)
+    return AsyncEngineArgs.add_cli_args(parser)
+
+
+def _unknown_message(extra: list[str]) -> str:
+    options = [a for a in extra if a.startswith("-")]
+    if not options:
+        return f"unexpected argument {extra[0]!r} (vLLM engine arguments are options)"
+    name = options[0].split("=", 1)[0]
+    flags = {"--" + n.replace("_", "-") for n in ENGINE_ARG_NAMES}
+    return f"unknown vLLM engine argument {name}{_did_you_mean(name, flags)}"
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 class GenerationRequest(BaseModel):

@@ -165,6 +165,21 @@ def open_store(uri: str, settings: Settings) -> ObjectStore:
     raise StorageError(f"unsupported URI scheme {scheme!r} in {uri}; use s3://, file:// or a path")
 
 
+class Stores:
+    """One store per scheme, opened on first use and kept (boto3 clients are costly);
+    called with a URI, it answers the store that serves it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._stores: dict[str, ObjectStore] = {}
+
+    def __call__(self, uri: str) -> ObjectStore:
+        scheme = scheme_of(uri)
+        if scheme not in self._stores:
+            self._stores[scheme] = open_store(uri, self._settings)
+        return self._stores[scheme]
+
+
 def join(uri: str, *parts: str) -> str:
     """``uri`` with ``parts`` appended, one ``/`` between each, for every scheme.
 

@@ -1,4 +1,14 @@
-"""What every CLI command shares: consoles, one-line errors, JSON output, job lookup."""
+"""What every CLI command shares: consoles, one-line errors, JSON output, job lookup.
+
+Command modules share code through this module, :mod:`llmbatch.cli.jobview` (how a
+job is followed and shown) and :mod:`llmbatch.cli.options` (the job options), never
+by importing each other.
+
+Errors, one idiom for every command: a command's own (synchronous) code ends with
+``raise fail("what went wrong")``; code it runs under :func:`run` raises
+:class:`CliError`, which ``run`` hands to ``fail``. Either way the user gets one
+line on stderr, ``error: ...``, and exit code 1.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 class CliError(Exception):
-    """Printed as one line on stderr, exit code 1."""
+    """A command's failure, raised under :func:`run`: one line on stderr, exit code 1."""
 
 
 def emit_json(data: Any) -> None:
@@ -41,7 +51,10 @@ def emit_json_line(data: Any) -> None:
 
 
 def fail(message: str) -> typer.Exit:
-    """Print ``message`` as one error line on stderr; raise the returned Exit (code 1)."""
+    """Print ``message`` as one error line on stderr; raise the returned Exit (code 1).
+
+    The only place an error is printed, so every command's errors look alike.
+    """
     # One line whatever the message holds: a multi-line cause would break scripts
     # that read the first line of stderr.
     line = " ".join(message.split())

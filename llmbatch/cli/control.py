@@ -18,7 +18,7 @@ from temporalio.client import (
 
 from llmbatch.cli import progress
 from llmbatch.cli.common import CliError, emit_json, emit_json_line, find_job, job_url, out, run
-from llmbatch.cli.jobs import _follow, _print_summary
+from llmbatch.cli.jobview import follow_job, print_summary
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
@@ -72,11 +72,11 @@ async def _watch(settings: Settings, job_id: str, *, interval_s: float, as_json:
         if not as_json:
             out.print(f"watching job [bold]{job_id}[/bold]: {job_url(settings, job_id)}")
         view = progress.choose_view(out, as_json=as_json, interval_s=interval_s)
-        summary = await _follow(client, handle, quiet=False, view=view)
+        summary = await follow_job(client, handle, quiet=False, view=view)
     if as_json:
         emit_json_line({"type": "summary", **summary.model_dump(mode="json")})
     else:
-        _print_summary(summary, as_json=False)
+        print_summary(summary, as_json=False)
 
 
 # --- list ---------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from llmbatch.cli.jobs import _follow, _print_summary, _results, fail, out
+from llmbatch.cli.common import fail, job_url, out
+from llmbatch.cli.jobview import follow_job, print_summary, show_results
 from llmbatch.config import Settings
 
 TINY_MODEL_NOTE = (
@@ -87,8 +88,8 @@ async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: in
         handle, started = await start_job(client, spec, settings=settings)
         out.print(
             f"job {spec.job_id} {'started' if started else 'exists already; following it'}: "
-            f"{settings.web_ui_url}/namespaces/{settings.temporal_namespace}/workflows/{spec.job_id}"
+            f"{job_url(settings, spec.job_id)}"
         )
-        summary = await _follow(client, handle, quiet=False)
-    _print_summary(summary, as_json=False)
-    await _results(settings, spec.job_id, rows=3, as_json=False)
+        summary = await follow_job(client, handle, quiet=False)
+    print_summary(summary, as_json=False)
+    await show_results(settings, spec.job_id, rows=3, as_json=False)

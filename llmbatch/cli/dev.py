@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 
 if TYPE_CHECKING:
@@ -21,11 +22,6 @@ def _stack() -> DevStack:
     return DevStack(Settings())
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(1)
-
-
 @app.command("up")
 def up(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
@@ -36,7 +32,7 @@ def up(
     try:
         status = _stack().up()
     except DevStackError as exc:
-        raise _fail(exc) from None
+        raise fail(str(exc)) from None
     if as_json:
         typer.echo(status.model_dump_json(indent=2))
         return
@@ -56,7 +52,7 @@ def down() -> None:
     try:
         stack.down()
     except DevStackError as exc:
-        raise _fail(exc) from None
+        raise fail(str(exc)) from None
     typer.echo(f"llm-batch dev stack stopped (data kept in {stack.state})")
 
 

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 
 
@@ -21,24 +22,19 @@ def migrate_command() -> None:
     try:
         applied = asyncio.run(apply_migrations(dsn, settings.migrations_dir))
     except MigrationError as exc:
-        raise _fail(f"migrations not applied: {exc}") from None
+        raise fail(f"migrations not applied: {exc}") from None
     except OSError as exc:
         # Refused, timed out, no such socket: the server is not there.
-        raise _fail(f"cannot reach Postgres at {_where(dsn)}: {exc}") from None
+        raise fail(f"cannot reach Postgres at {_where(dsn)}: {exc}") from None
     except asyncpg.PostgresError as exc:
         # Reached, but refused: no such database, authentication, permissions.
-        raise _fail(f"Postgres at {_where(dsn)} refused: {type(exc).__name__}: {exc}") from None
+        raise fail(f"Postgres at {_where(dsn)} refused: {type(exc).__name__}: {exc}") from None
     except (asyncpg.InterfaceError, ValueError) as exc:
-        raise _fail(f"cannot use the Postgres DSN (LLMBATCH_POSTGRES_DSN): {exc}") from None
+        raise fail(f"cannot use the Postgres DSN (LLMBATCH_POSTGRES_DSN): {exc}") from None
     if applied:
         typer.echo(f"applied {', '.join(applied)}")
     else:
         typer.echo("database schema is up to date")
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {' '.join(message.split())}", err=True)
-    return typer.Exit(1)
 
 
 def _where(dsn: str) -> str:

@@ -1,24 +1,25 @@
 """``llm-batch schedule create|list|trigger|delete``: recurring jobs on Temporal Schedules.
 
-``create`` takes the same job options as ``submit`` (the spec is built by the same
-code) except ``--job-id``: each run's job id is ``<name>-<scheduled UTC time>``.
+``create`` takes the same job options as ``submit`` (both from
+:mod:`llmbatch.cli.options`) except ``--job-id``: each run's job id is
+``<name>-<scheduled UTC time>``.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 from temporalio.client import ScheduleOverlapPolicy
 
 from llmbatch import schedules
-from llmbatch.cli.jobs import CliError, build_spec, check_inputs, emit_json, fail, out, run
+from llmbatch.cli.common import CliError, emit_json, fail, out, run
+from llmbatch.cli.options import JobOptions, check_inputs, job_options
 from llmbatch.client import connect
 from llmbatch.config import Settings
-from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat
+from llmbatch.contract.spec import JobSpec
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -48,42 +49,14 @@ async def _guard(call: Awaitable[T]) -> T:
 
 
 @app.command("create")
+@job_options
 def create(
     name: Annotated[str, typer.Argument(help="Schedule name; runs are '<name>-<UTC time>'.")],
     cron: Annotated[
         list[str],
         typer.Option(help="Cron expression, e.g. '0 2 * * *' (02:00 daily); repeat for more."),
     ],
-    inputs: Annotated[list[str], typer.Option("--input", "-i", help="Input URI or path; repeat.")],
-    model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")],
-    output: Annotated[
-        str | None, typer.Option(help="Output URI; default s3://<bucket>/results.")
-    ] = None,
-    messages_file: Annotated[
-        Path | None, typer.Option("--messages", help="JSON file: [{role, content}, ...].")
-    ] = None,
-    system: Annotated[str | None, typer.Option(help="System message template.")] = None,
-    user: Annotated[
-        str | None, typer.Option(help="User message template, e.g. '{{ text }}'.")
-    ] = None,
-    input_format: Annotated[InputFormat | None, typer.Option("--format")] = None,
-    id_field: Annotated[str | None, typer.Option(help="Row field with the item id.")] = None,
-    temperature: Annotated[float | None, typer.Option()] = None,
-    top_p: Annotated[float | None, typer.Option()] = None,
-    max_tokens: Annotated[int | None, typer.Option()] = None,
-    stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeat.")] = None,
-    seed: Annotated[int | None, typer.Option()] = None,
-    choices: Annotated[str | None, typer.Option(help="Comma-separated allowed answers.")] = None,
-    json_schema: Annotated[
-        Path | None, typer.Option(help="JSON Schema file the output must match.")
-    ] = None,
-    regex: Annotated[str | None, typer.Option(help="Regex the output must match.")] = None,
-    output_format: Annotated[OutputFormat, typer.Option()] = OutputFormat.JSONL,
-    shard_size: Annotated[int | None, typer.Option(help="Rows per shard.")] = None,
-    max_concurrent_shards: Annotated[int | None, typer.Option()] = None,
-    spec_file: Annotated[
-        Path | None, typer.Option("--spec", help="A whole JobSpec as JSON; options override it.")
-    ] = None,
+    job: JobOptions,
     timezone: Annotated[
         str | None, typer.Option(help="IANA time zone of the cron times; default UTC.")
     ] = None,
@@ -104,30 +77,7 @@ def create(
     except schedules.ScheduleError as exc:
         raise fail(str(exc)) from None
     settings = Settings()
-    spec = build_spec(
-        settings,
-        inputs=inputs,
-        model=model,
-        output=output,
-        job_id=None,
-        messages_file=messages_file,
-        system=system,
-        user=user,
-        input_format=input_format,
-        id_field=id_field,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        stop=stop,
-        seed=seed,
-        choices=choices,
-        json_schema=json_schema,
-        regex=regex,
-        output_format=output_format,
-        shard_size=shard_size,
-        max_concurrent_shards=max_concurrent_shards,
-        spec_file=spec_file,
-    )
+    spec = job.to_spec(settings)
     run(
         _create(
             settings,

@@ -1,4 +1,12 @@
-"""``llm-batch worker cpu|gpu``."""
+"""``llm-batch worker cpu|gpu``.
+
+The GPU worker's engine options are vLLM's own: every argument of vLLM's engine CLI
+(``AsyncEngineArgs.add_cli_args``, as ``vllm serve`` and ``run_batch`` take them) is
+passed through and parsed by vLLM's parser, so none is declared again here and a new
+vLLM release brings its new arguments with it. vLLM is imported only when a GPU
+worker starts or its engine help is asked for: the CLI starts fast, and the CPU
+worker's image need not have vLLM.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,18 @@ from typing import Annotated
 
 import typer
 
+from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 
 app = typer.Typer(no_args_is_help=True)
+
+ENGINE_ARGS_HELP = (
+    "Any vLLM engine argument, spelt as vLLM's CLI spells it, e.g. --max-model-len 4096 "
+    "--max-num-seqs 256 --dtype bfloat16 --tensor-parallel-size 2 "
+    "--gpu-memory-utilization 0.9 --enable-prefix-caching --quantization awq "
+    "--kv-cache-memory-bytes 8G (or --config engine.yaml). Left out: vLLM's default "
+    "(on CPU: float32, eager, 0.3 of RAM). See them with --engine-help."
+)
 
 
 @app.command("cpu")
@@ -19,45 +36,56 @@ def cpu() -> None:
     cpu_worker.main(Settings())
 
 
-@app.command("gpu")
+def _show_engine_help(keyword: str | None) -> None:
+    # Eager: answers before --model is asked for.
+    if keyword is None:
+        return
+    from llmbatch.engine import engine_args_help
+
+    typer.echo(engine_args_help(keyword))
+    raise typer.Exit()
+
+
+# Unknown options are the engine arguments: Click hands them, with their values, to
+# the variadic ``engine_args`` (Click's way to forward options to another parser).
+@app.command("gpu", context_settings={"ignore_unknown_options": True})
 def gpu(
     model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")],
-    dtype: Annotated[str | None, typer.Option()] = None,
-    max_model_len: Annotated[int | None, typer.Option()] = None,
-    max_num_seqs: Annotated[int | None, typer.Option()] = None,
-    tensor_parallel_size: Annotated[int, typer.Option()] = 1,
-    pipeline_parallel_size: Annotated[int, typer.Option()] = 1,
-    enable_prefix_caching: Annotated[bool | None, typer.Option()] = None,
-    quantization: Annotated[str | None, typer.Option()] = None,
-    gpu_memory_utilization: Annotated[
-        float | None, typer.Option(help="Share of GPU memory (of RAM on CPU) for the engine.")
+    engine_args: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="VLLM_ENGINE_ARGS", help=ENGINE_ARGS_HELP, show_default=False),
     ] = None,
-    enforce_eager: Annotated[bool, typer.Option()] = False,
-    seed: Annotated[int, typer.Option()] = 0,
     concurrent_shards: Annotated[
         int, typer.Option(help="generate activities run at once on this engine.")
     ] = 4,
     max_in_flight: Annotated[
         int | None, typer.Option(help="Requests in flight per activity; default 2 x max_num_seqs.")
     ] = None,
+    engine_help: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-help",
+            metavar="KEYWORD",
+            is_eager=True,
+            callback=_show_engine_help,
+            help="Show vLLM's engine arguments and exit: 'all', a group (ModelConfig, "
+            "CacheConfig, SchedulerConfig, ParallelConfig, ...) or part of a name.",
+        ),
+    ] = None,
 ) -> None:
-    """Load one vLLM engine and serve ``generate`` for its model."""
-    from llmbatch.engine import EngineOptions
+    """Load one vLLM engine and serve ``generate`` for its model.
+
+    Engine options are vLLM's own engine arguments, given with the options here.
+    """
+    from llmbatch.engine import EngineArgumentError, EngineOptions
+
+    try:
+        options = EngineOptions.from_cli_args(model, engine_args or [])
+    except EngineArgumentError as exc:
+        raise fail(str(exc)) from None
+
     from workers import gpu as gpu_worker
 
-    options = EngineOptions(
-        model=model,
-        dtype=dtype or "auto",
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
-        enable_prefix_caching=enable_prefix_caching,
-        quantization=quantization,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enforce_eager=enforce_eager,
-        seed=seed,
-    )
     gpu_worker.main(
         Settings(),
         options,

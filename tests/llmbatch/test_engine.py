@@ -11,14 +11,17 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from pydantic import ValidationError
+from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind
 
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.engine import (
     Engine,
+    EngineArgumentError,
     EngineOptions,
     GenerationRequest,
     GenerationResult,
+    engine_args_help,
     on_cpu,
     sampling_params,
 )
@@ -59,7 +62,9 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def test_engine_args_pass_only_what_is_set() -> None:
-    args = EngineOptions(model="m", max_num_seqs=8, enable_prefix_caching=False).to_engine_args()
+    args = EngineOptions(
+        model="m", engine_args={"max_num_seqs": 8, "enable_prefix_caching": False}
+    ).to_engine_args()
     assert (args.model, args.max_num_seqs, args.enable_prefix_caching) == ("m", 8, False)
     unset = EngineOptions(model="m").to_engine_args()
     # vLLM's own defaults stay when an option is not given.
@@ -77,15 +82,70 @@ def test_cpu_defaults_apply_only_on_cpu() -> None:
     args = EngineOptions(model="m").to_engine_args()
     assert (args.dtype, args.enforce_eager, args.gpu_memory_utilization) == ("float32", True, 0.3)
     chosen = EngineOptions(
-        model="m", dtype="bfloat16", gpu_memory_utilization=0.1, kv_cache_memory_bytes=1 << 30
+        model="m",
+        engine_args={
+            "dtype": "bfloat16",
+            "gpu_memory_utilization": 0.1,
+            "kv_cache_memory_bytes": 1 << 30,
+        },
     ).to_engine_args()
     assert (chosen.dtype, chosen.gpu_memory_utilization) == ("bfloat16", 0.1)
     assert chosen.kv_cache_memory_bytes == 1 << 30
+    sized = EngineOptions(model="m", engine_args={"kv_cache_memory_bytes": 1 << 30})
+    # A KV cache size replaces the memory share: no CPU share is added to it.
+    vllm_default = AsyncEngineArgs(model="m").gpu_memory_utilization
+    assert sized.to_engine_args().gpu_memory_utilization == vllm_default
 
 
-def test_options_refuse_unknown_keys() -> None:
+def test_options_refuse_what_vllm_does_not_declare() -> None:
     with pytest.raises(ValidationError):
-        EngineOptions.model_validate({"model": "m", "max_num_seq": 4})
+        EngineOptions.model_validate({"model": "m", "max_num_seqs": 4})  # not a field of ours
+    with pytest.raises(ValidationError, match="did you mean max_num_seqs"):
+        EngineOptions(model="m", engine_args={"max_num_seq": 4})
+    with pytest.raises(ValidationError, match="--model"):
+        EngineOptions(model="m", engine_args={"model": "other"})
+
+
+def test_cli_engine_args_are_parsed_by_vllm_and_only_given_ones_kept() -> None:
+    options = EngineOptions.from_cli_args(
+        "m",
+        ["--max-model-len", "1k", "--max_num_seqs", "64", "-tp", "1", "--dtype=float32",
+         "--no-enable-prefix-caching", "--enforce-eager", "--gpu-memory-utilization", "0.25"],
+    )  # fmt: skip
+    assert options.engine_args == {
+        "max_model_len": 1000,  # vLLM's human-readable integers
+        "max_num_seqs": 64,  # underscores as vLLM's parser takes them
+        "tensor_parallel_size": 1,
+        "dtype": "float32",
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.25,
+    }
+    assert EngineOptions.from_cli_args("m", []).engine_args == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-num-sqs", "4"], "unknown vLLM engine argument --max-num-sqs (did you mean "
+         "--max-num-seqs?)"),
+        # vLLM's own CLI would take an abbreviation; here it is a misspelling.
+        (["--max-num-seq", "4"], "unknown vLLM engine argument --max-num-seq (did you mean"),
+        (["--max-model-len", "lots"], "argument --max-model-len: invalid"),
+        (["--dtype", "float99"], "argument --dtype: invalid choice: 'float99'"),
+        (["stray"], "unexpected argument 'stray'"),
+    ],
+)  # fmt: skip
+def test_cli_engine_args_vllm_refuses_are_one_line_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(EngineArgumentError) as error:
+        EngineOptions.from_cli_args("m", argv)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_engine_help_is_vllms_own() -> None:
+    text = engine_args_help("max-num-seqs")
+    assert "--max-num-seqs" in text and "--dtype" not in text
 
 
 def test_sampling_params_map_the_spec() -> None:

@@ -192,8 +192,8 @@ def _params(command: Any) -> dict[str, dict[str, Any]]:
 
 
 def test_schedule_create_takes_every_job_option_of_submit() -> None:
-    """The two commands declare their options apart (Typer reads a function's own
-    signature); this keeps them from drifting."""
+    """Both get the job options from llmbatch.cli.options (declared once there); this
+    checks that each command really presents all of them to Typer, alike."""
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)
     submit = root.commands["submit"]

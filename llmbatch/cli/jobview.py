@@ -1,0 +1,124 @@
+"""How a job is shown: its state, following it to the end, its summary, its results.
+
+Shared by the job, control and demo commands. Apart from :mod:`llmbatch.cli.common`
+because it needs :mod:`llmbatch.cli.progress`, which itself builds on ``common``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError
+
+from llmbatch import storage
+from llmbatch.cli import progress
+from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out
+from llmbatch.client import connect
+from llmbatch.config import Settings
+from llmbatch.contract.dead_letters import DeadLetterView
+from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.names import DEAD_LETTERS_QUERY, PROGRESS_QUERY, dead_letter_workflow_id
+from llmbatch.contract.states import JobState
+
+
+async def describe_job(settings: Settings, job_id: str) -> tuple[str, JobProgress | JobSummary]:
+    """The job's workflow state and its summary (ended) or progress (running)."""
+    client = await connect(settings)
+    handle, description = await find_job(client, settings, job_id)
+    state = description.status.name.lower() if description.status else "unknown"
+    if description.status == WorkflowExecutionStatus.COMPLETED:
+        summary = await handle.result()
+        if summary.items_dead:
+            # Re-drives of dead items finalize the job again; the newest summary is
+            # the dead-letter workflow's, the workflow result is the first one.
+            dlq = client.get_workflow_handle(dead_letter_workflow_id(job_id))
+            with contextlib.suppress(RPCError):  # gone past its retention: keep the result
+                view = await dlq.query(DEAD_LETTERS_QUERY, result_type=DeadLetterView)
+                summary = view.job or summary
+        return state, summary
+    if description.status == WorkflowExecutionStatus.RUNNING:
+        return state, await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+    # Cancelled before it could say so itself, or terminated, or timed out.
+    ended = (
+        JobState.CANCELLED
+        if description.status == WorkflowExecutionStatus.CANCELED
+        else JobState.FAILED
+    )
+    return state, JobProgress(job_id=job_id, model="", state=ended)
+
+
+async def follow_job(
+    client: Client,
+    handle: WorkflowHandle[Any, JobSummary],
+    *,
+    quiet: bool,
+    view: progress.ProgressView | None = None,
+) -> JobSummary:
+    """Show progress until the job ends (a bar in a terminal, lines otherwise, nothing
+    when ``quiet``); return its summary. A failed or cancelled job is a CliError."""
+    if view is None:
+        view = progress.QuietView() if quiet else progress.choose_view(out, as_json=False)
+    try:
+        return await progress.follow(handle, view)
+    except WorkflowFailureError as exc:
+        if isinstance(exc.cause, CancelledError):
+            raise CliError(f"job {handle.id} was cancelled") from exc
+        raise CliError(f"job {handle.id} failed: {failure_message(exc)}") from exc
+
+
+def print_summary(summary: JobSummary, *, as_json: bool) -> None:
+    """A finished job's summary: counts, tokens, time, where its output is."""
+    if as_json:
+        emit_json(summary.model_dump(mode="json"))
+        return
+    rate = summary.items_done / summary.elapsed_s if summary.elapsed_s else 0.0
+    out.print(f"[bold]{summary.job_id}[/bold]: {summary.state}")
+    out.print(
+        f"  items: {summary.items_total} total, {summary.items_succeeded} succeeded, "
+        f"{summary.items_dead} dead"
+    )
+    out.print(f"  tokens: {summary.tokens.prompt} prompt, {summary.tokens.completion} completion")
+    out.print(f"  time: {summary.elapsed_s:.1f} s ({rate:.1f} items/s)")
+    out.print(f"  output: {summary.output_root}/")
+    out.print(f"  manifest: {summary.manifest}")
+
+
+async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: bool) -> None:
+    """Where a finished job's output is, and its first ``rows`` rows."""
+    state, p = await describe_job(settings, job_id)
+    if not isinstance(p, JobSummary):
+        raise CliError(f"job {job_id} has no results yet (workflow {state})")
+    store = storage.open_store(p.manifest, settings)
+    manifest = json.loads(await asyncio.to_thread(store.read_bytes, p.manifest))
+    first = await asyncio.to_thread(_first_rows, store, manifest["output_parts"], rows)
+    if as_json:
+        emit_json({"manifest": p.manifest, **manifest, "rows": first})
+        return
+    out.print(f"[bold]{job_id}[/bold]: {p.state}; output under {p.output_root}/")
+    for part in manifest["output_parts"]:
+        out.print(f"  {part}")
+    for part in manifest["error_parts"]:
+        out.print(f"  {part} (errors)")
+    out.print(f"first {len(first)} rows:")
+    for row in first:
+        out.print_json(data=row)
+
+
+def _first_rows(store: storage.ObjectStore, parts: list[str], limit: int) -> list[dict[str, Any]]:
+    from llmbatch import formats
+
+    found: list[dict[str, Any]] = []
+    for part in parts:
+        if len(found) >= limit:
+            break
+        data = store.read_bytes(part)
+        reader = (
+            formats.read_parquet_bytes if part.endswith(".parquet") else formats.read_jsonl_bytes
+        )
+        found.extend(list(reader(data))[: limit - len(found)])
+    return found

@@ -1,0 +1,193 @@
+"""The job options, declared once for every command that starts jobs.
+
+``submit`` and ``schedule create`` take the same ~20 options. Each is declared here,
+once, as a field of :class:`JobOptions`; :func:`job_options` gives a command all of
+them in place of its ``job: JobOptions`` parameter, and :meth:`JobOptions.to_spec`
+is the one place their values become a :class:`JobSpec`. A new option is one new
+field here (and a line in ``to_spec``), and both commands have it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, get_type_hints
+
+import typer
+from pydantic import ValidationError
+
+from llmbatch import planning, storage
+from llmbatch.cli.common import fail
+from llmbatch.config import Settings
+from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """The values of the job options; the field annotations are the CLI declarations."""
+
+    inputs: Annotated[list[str], typer.Option("--input", "-i", help="Input URI or path; repeat.")]
+    model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")]
+    output: Annotated[
+        str | None, typer.Option(help="Output URI; default s3://<bucket>/results.")
+    ] = None
+    messages_file: Annotated[
+        Path | None, typer.Option("--messages", help="JSON file: [{role, content}, ...].")
+    ] = None
+    system: Annotated[str | None, typer.Option(help="System message template.")] = None
+    user: Annotated[str | None, typer.Option(help="User message template, e.g. '{{ text }}'.")] = (
+        None
+    )
+    input_format: Annotated[InputFormat | None, typer.Option("--format")] = None
+    id_field: Annotated[str | None, typer.Option(help="Row field with the item id.")] = None
+    temperature: Annotated[float | None, typer.Option()] = None
+    top_p: Annotated[float | None, typer.Option()] = None
+    max_tokens: Annotated[int | None, typer.Option()] = None
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeat.")] = None
+    seed: Annotated[int | None, typer.Option()] = None
+    choices: Annotated[str | None, typer.Option(help="Comma-separated allowed answers.")] = None
+    json_schema: Annotated[
+        Path | None, typer.Option(help="JSON Schema file the output must match.")
+    ] = None
+    regex: Annotated[str | None, typer.Option(help="Regex the output must match.")] = None
+    output_format: Annotated[OutputFormat, typer.Option()] = OutputFormat.JSONL
+    shard_size: Annotated[int | None, typer.Option(help="Rows per shard.")] = None
+    max_concurrent_shards: Annotated[int | None, typer.Option()] = None
+    spec_file: Annotated[
+        Path | None, typer.Option("--spec", help="A whole JobSpec as JSON; options override it.")
+    ] = None
+
+    def to_spec(self, settings: Settings, *, job_id: str | None = None) -> JobSpec:
+        """The JobSpec these options describe; an invalid one exits with one clear line.
+
+        The job id is ``job_id``, else the spec file's; it stays empty when neither
+        gives one (submit then names the job, a schedule names each run).
+        """
+        values: dict[str, Any] = json.loads(self.spec_file.read_text()) if self.spec_file else {}
+        values["inputs"] = self.inputs
+        values["model"] = self.model
+        if job_id:
+            values["job_id"] = job_id
+        values.setdefault("output_uri", self.output or f"s3://{settings.s3_bucket}/results")
+        if self.output:
+            values["output_uri"] = self.output
+        messages = _messages(self.messages_file, self.system, self.user)
+        if messages is not None:
+            values["messages"] = messages
+        options: list[tuple[str, Any]] = [
+            ("input_format", self.input_format),
+            ("id_field", self.id_field),
+            ("shard_size", self.shard_size),
+            ("max_concurrent_shards", self.max_concurrent_shards),
+        ]
+        for key, value in options:
+            if value is not None:
+                values[key] = value
+        values["output_format"] = self.output_format
+        sampling = dict(values.get("sampling") or {})
+        sampling_options: list[tuple[str, Any]] = [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("max_tokens", self.max_tokens),
+            ("stop", self.stop or None),
+            ("seed", self.seed),
+            ("regex", self.regex),
+        ]
+        for key, value in sampling_options:
+            if value is not None:
+                sampling[key] = value
+        if self.choices is not None:
+            sampling["choice"] = [c.strip() for c in self.choices.split(",") if c.strip()]
+        if self.json_schema is not None:
+            sampling["json_schema"] = json.loads(self.json_schema.read_text())
+        values["sampling"] = sampling
+        try:
+            return JobSpec.model_validate(values)
+        except ValidationError as exc:
+            raise fail(_validation_message(exc)) from None
+
+
+def job_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command every job option in place of its ``job: JobOptions`` parameter.
+
+    Typer builds a command's options from its signature, so the returned function
+    presents one: the command's own parameters, with :class:`JobOptions`' fields
+    (annotations and defaults) standing where ``job`` stood. When called, it collects
+    those values into a ``JobOptions`` and calls ``command`` with it.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    if "job" not in signature.parameters:
+        raise TypeError(f"{command.__name__} has no 'job: JobOptions' parameter")
+    fields = dataclasses.fields(JobOptions)
+    clash = {f.name for f in fields} & set(signature.parameters)
+    if clash:
+        raise TypeError(f"{command.__name__}: parameters clash with job options: {clash}")
+    hints = get_type_hints(JobOptions, include_extras=True)
+    job_params = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
+            annotation=hints[f.name],
+        )
+        for f in fields
+    ]
+    params: list[inspect.Parameter] = []
+    for param in signature.parameters.values():
+        # Keyword-only: Typer passes everything by name, and it frees the order of
+        # parameters with and without defaults.
+        if param.name == "job":
+            params.extend(job_params)
+        else:
+            params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+
+    @functools.wraps(command)
+    def with_job_options(**values: Any) -> None:
+        job = JobOptions(**{f.name: values.pop(f.name) for f in fields})
+        command(job=job, **values)
+
+    # What Typer reads: inspect.signature() honours __signature__, and
+    # typing.get_type_hints() reads __annotations__ (already evaluated here).
+    with_job_options.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    with_job_options.__annotations__ = {p.name: p.annotation for p in params} | {
+        "return": signature.return_annotation
+    }
+    return with_job_options
+
+
+def _messages(
+    path: Path | None, system: str | None, user: str | None
+) -> list[dict[str, str]] | None:
+    if path is not None:
+        if system or user:
+            raise fail("give either --messages or --system/--user, not both")
+        try:
+            loaded = json.loads(path.read_text())
+            return [ChatMessage.model_validate(m).model_dump() for m in loaded]
+        except (OSError, ValueError) as exc:
+            raise fail(f"cannot read messages from {path}: {exc}") from None
+    messages = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    if user:
+        messages.append({"role": "user", "content": user})
+    return messages or None
+
+
+def _validation_message(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "spec"
+        problems.append(f"{where}: {error['msg']}")
+    return "invalid job: " + "; ".join(problems)
+
+
+async def check_inputs(spec: JobSpec, settings: Settings) -> None:
+    """The check the plan_job activity runs (inputs exist and are readable, the prompt's
+    fields are there), here for an answer before anything is scheduled."""
+    await asyncio.to_thread(planning.inspect_inputs, spec, storage.Stores(settings))
