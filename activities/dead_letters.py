@@ -74,6 +74,7 @@ class DeadLetterActivities:
                 spec=input.spec,
                 layout=input.layout,
                 gpu_task_queue=input.gpu_task_queue,
+                generate_schedule_to_start=input.generate_schedule_to_start,
             ),
             id=dead_letter_workflow_id(job_id),
             task_queue=activity.info().task_queue,

@@ -21,9 +21,10 @@ from temporalio.exceptions import ApplicationError
 from activities.context import ActivityContext
 from activities.heartbeat import heartbeat_interval
 from llmbatch import ledger, telemetry
+from llmbatch.config import model_identity
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput, TokenCounts
 from llmbatch.contract.names import GENERATE
-from llmbatch.contract.states import ItemStatus
+from llmbatch.contract.states import FailureType, ItemStatus
 from llmbatch.engine import Engine, EngineDeadError, GenerationRequest, GenerationResult
 from llmbatch.records import StagedRequest, load_jsonl
 
@@ -61,6 +62,7 @@ class GenerateActivities:
             else GenerateProgress()
         )
         job_id, spec = input.spec.job_id, input.spec
+        self._check_model(input)
         with telemetry.span(
             "generate.read_requests", job_id=job_id, model=spec.model, shard=input.shard
         ) as read_span:
@@ -133,6 +135,20 @@ class GenerateActivities:
             skipped=len(requests) - len(todo),
             tokens=recorder.tokens,
         )
+
+    def _check_model(self, input: ShardInput) -> None:
+        """Refuse a shard for another model than the one loaded, before touching any
+        item: queue names are derived from the model, but anything can start an
+        activity on any queue, and a job must never run on a model it did not name."""
+        served = self._engine.options.model
+        if model_identity(input.spec.model) != model_identity(served):
+            raise ApplicationError(
+                f"{FailureType.WRONG_MODEL}: job {input.spec.job_id} names model "
+                f"{input.spec.model}, but this worker (task queue "
+                f"{activity.info().task_queue}) serves {served}",
+                type=FailureType.WRONG_MODEL,
+                non_retryable=True,
+            )
 
 
 async def _give_back(

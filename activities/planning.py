@@ -67,6 +67,7 @@ class PlanningActivities:
             shard_count=len(shards),
             items_total=sum(s.row_count for s in shards),
             gpu_task_queue=self._ctx.settings.gpu_task_queue(spec.model),
+            generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
         )
 
     @activity.defn(name=FINALIZE_JOB)

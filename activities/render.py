@@ -133,7 +133,9 @@ def _render(
             continue
         if fmt is InputFormat.OPENAI:
             try:
-                _, messages, own = openai_batch.parse_request(row.fields, defaults=spec.sampling)
+                _, messages, own = openai_batch.parse_request(
+                    row.fields, defaults=spec.sampling, model=spec.model
+                )
             except openai_batch.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
                 continue

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
@@ -82,3 +85,19 @@ async def start_job(
     # running job; the SDK keeps that answer on the handle but has no public accessor.
     response = getattr(handle, "_start_workflow_response", None)
     return handle, bool(getattr(response, "started", True))
+
+
+async def model_has_worker(client: Client, settings: Settings, model: str) -> bool:
+    """Whether a GPU worker polls ``model``'s queue (Temporal's DescribeTaskQueue).
+
+    Temporal lists a poller for a few minutes after its last poll, so a worker that
+    just stopped still counts: this answers "is anyone serving it", not "is it alive".
+    """
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=settings.gpu_task_queue(model)),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        )
+    )
+    return bool(response.pollers)

@@ -8,8 +8,10 @@ settings, never code.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,6 +22,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from llmbatch.contract.names import GENERATE
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
@@ -53,7 +57,14 @@ class Settings(BaseSettings):
     cpu_task_queue: str = "llm-batch-cpu"
     gpu_task_queue_prefix: str = Field(
         default="llm-batch-gpu",
-        description="GPU queues are named '<prefix>-<model>' so a worker only takes its model.",
+        description="GPU queues are named '<prefix>-<task>-<model slug>-<model hash>', so a "
+        "worker only takes work for the task and the exact model it serves.",
+    )
+    generate_schedule_to_start: timedelta = Field(
+        default=timedelta(hours=1),
+        gt=timedelta(0),
+        description="How long a shard's generate step waits for a worker serving the job's "
+        "model before its items die as NoWorker (seconds or an ISO 8601 duration).",
     )
 
     postgres_dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:55432/llmbatch")
@@ -111,14 +122,32 @@ class Settings(BaseSettings):
             raise ValueError("s3_endpoint_url is not set")
         return urlsplit(self.s3_endpoint_url).port or 80
 
-    def gpu_task_queue(self, model: str) -> str:
-        """The task queue for workers that have ``model`` loaded."""
-        return f"{self.gpu_task_queue_prefix}-{model_slug(model)}"
+    def gpu_task_queue(self, model: str, task: str = GENERATE) -> str:
+        """The task queue of workers that serve ``task`` with exactly ``model`` loaded.
+
+        The plan of a job, the GPU worker and the CLI's poller check all call this,
+        so they cannot disagree on a name.
+        """
+        identity = model_identity(model)
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:MODEL_HASH_CHARS]
+        return f"{self.gpu_task_queue_prefix}-{task}-{model_slug(model)}-{digest}"
+
+
+# The slug keeps a queue name readable; the hash of the full id keeps it unique, so
+# '/a/Model' and '/b/model' (or 'Org/M' and 'org-m') never share a queue.
+MODEL_HASH_CHARS = 10
+MODEL_SLUG_CHARS = 80
+
+
+def model_identity(model: str) -> str:
+    """The model as jobs and workers compare it: the id or path as given, without
+    trailing slashes ('/m/' and '/m' name one model). Paths are not resolved: the
+    machine that names a model need not be the one that loads it."""
+    return model.rstrip("/") or model
 
 
 def model_slug(model: str) -> str:
-    """A task-queue-safe name for a model id or path (paths keep their last part)."""
-    name = model.rstrip("/")
-    if name.startswith(("/", ".", "~")):
-        name = name.rsplit("/", 1)[-1]
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-").lower() or "model"
+    """A readable, task-queue-safe form of the whole model id or path (the end of a
+    long one, which tells models apart better than a shared prefix)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_identity(model)).strip("-.").lower()
+    return slug[-MODEL_SLUG_CHARS:].lstrip("-.") or "model"

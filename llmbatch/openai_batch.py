@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from llmbatch.config import model_identity
 from llmbatch.contract.spec import SamplingSpec
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
+# A line's body.model is quoted in its error, cut to this: a row may hold anything there.
+MODEL_NAME_CHARS = 200
 
 
 class InvalidRequest(ValueError):
@@ -20,9 +23,14 @@ class InvalidRequest(ValueError):
 
 
 def parse_request(
-    line: dict[str, Any], *, defaults: SamplingSpec
+    line: dict[str, Any], *, defaults: SamplingSpec, model: str
 ) -> tuple[str, list[dict[str, str]], SamplingSpec]:
-    """Map one batch line to (custom_id, chat messages, sampling); raise InvalidRequest."""
+    """Map one batch line of a job on ``model`` to (custom_id, chat messages,
+    sampling); raise InvalidRequest.
+
+    A line may leave ``body.model`` out (the job's model runs it); a line naming
+    another model is refused, never run on the job's: its caller asked for that model.
+    """
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise InvalidRequest("custom_id is missing or not a string")
@@ -35,9 +43,23 @@ def parse_request(
     body = line.get("body")
     if not isinstance(body, dict):
         raise InvalidRequest("body is missing or not an object")
+    _check_model(body.get("model"), model)
     if body.get("n", 1) != 1:
         raise InvalidRequest("n other than 1 is not supported")
     return custom_id, _messages(body.get("messages")), _sampling(body, defaults)
+
+
+def _check_model(named: Any, model: str) -> None:
+    if named is None:
+        return
+    if not isinstance(named, str):
+        raise InvalidRequest("body.model must be a string")
+    if model_identity(named) != model_identity(model):
+        shown = named if len(named) <= MODEL_NAME_CHARS else named[:MODEL_NAME_CHARS] + "..."
+        raise InvalidRequest(
+            f"body.model {shown!r} is not this job's model {model!r}; "
+            "submit lines for another model as a job of that model"
+        )
 
 
 def _messages(raw: Any) -> list[dict[str, str]]:

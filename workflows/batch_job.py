@@ -245,6 +245,7 @@ class BatchJobWorkflow:
                     layout=plan.layout,
                     shard=shard,
                     gpu_task_queue=plan.gpu_task_queue,
+                    generate_schedule_to_start=plan.generate_schedule_to_start,
                     parent_workflow_id=workflow.info().workflow_id,
                 ),
                 id=shard_workflow_id(self._spec.job_id, shard),

@@ -209,6 +209,7 @@ class DeadLetterWorkflow:
                 layout=input.layout,
                 shard=shard,
                 gpu_task_queue=input.gpu_task_queue,
+                generate_schedule_to_start=input.generate_schedule_to_start,
                 redrive=number,
                 sampling_overrides=request.sampling,
             ),

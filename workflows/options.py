@@ -30,7 +30,7 @@ GENERATE_TIMEOUT = timedelta(hours=12)
 CONTROL_TIMEOUT = timedelta(minutes=2)
 
 # Failures that no retry can mend.
-NON_RETRYABLE = [FailureType.INVALID_JOB_SPEC, FailureType.SUPERSEDED]
+NON_RETRYABLE = [FailureType.INVALID_JOB_SPEC, FailureType.SUPERSEDED, FailureType.WRONG_MODEL]
 
 
 def step_retry(spec: JobSpec) -> RetryPolicy:
@@ -69,9 +69,19 @@ def cpu_step(spec: JobSpec, *, summary: str) -> workflow.ActivityConfig:
     )
 
 
-def generate_step(spec: JobSpec, *, task_queue: str, summary: str) -> workflow.ActivityConfig:
+def generate_step(
+    spec: JobSpec,
+    *,
+    task_queue: str,
+    summary: str,
+    schedule_to_start: timedelta | None = None,
+) -> workflow.ActivityConfig:
+    """The GPU step. ``schedule_to_start`` bounds the wait for a worker serving the
+    model: Temporal does not retry that timeout, so the shard fails (NoWorker)
+    instead of waiting for a worker that may never come."""
     return workflow.ActivityConfig(
         task_queue=task_queue,
+        schedule_to_start_timeout=schedule_to_start,
         start_to_close_timeout=GENERATE_TIMEOUT,
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
         retry_policy=step_retry(spec),

@@ -5,7 +5,14 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    FailureError,
+    TimeoutError,
+    TimeoutType,
+)
 
 with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.dead_letters import FailShardInput
@@ -26,7 +33,8 @@ with workflow.unsafe.imports_passed_through():
         SHARD_WORKFLOW,
         WRITE_SHARD,
     )
-    from llmbatch.contract.states import ErrorClass
+    from llmbatch.contract.progress import format_duration
+    from llmbatch.contract.states import ErrorClass, FailureType
 
 from workflows import options
 
@@ -77,6 +85,14 @@ class ShardWorkflow:
         )
         if rendered.to_generate:
             _stop_if_cancelled()
+            # The shard page's details line: while this step waits, it is waiting for
+            # a worker serving the model (the pending activity shows whether one took it).
+            limit = input.generate_schedule_to_start
+            workflow.set_current_details(
+                f"generate {rendered.to_generate} items: needs a worker serving {spec.model} "
+                f"on task queue {input.gpu_task_queue}"
+                + (f" (gives up after {format_duration(limit.total_seconds())})" if limit else "")
+            )
             await workflow.execute_activity(
                 GENERATE,
                 input,
@@ -84,8 +100,10 @@ class ShardWorkflow:
                     spec,
                     task_queue=input.gpu_task_queue,
                     summary=f"shard {shard}: generate {rendered.to_generate} items",
+                    schedule_to_start=limit,
                 ),
             )
+            workflow.set_current_details("")
         _stop_if_cancelled()
         return await self._write(input)
 
@@ -103,14 +121,14 @@ class ShardWorkflow:
     ) -> ShardSummary:
         """The shard cannot finish: its unfinished items die with the reason, and the
         output part is still written (when storage allows) with what did succeed."""
-        reason = _reason(err)
+        reason = _reason(input, err)
         counts: ShardCounts = await workflow.execute_activity(
             FAIL_SHARD,
             FailShardInput(
                 job_id=input.spec.job_id,
                 model=input.spec.model,
                 shard=input.shard,
-                error_class=ErrorClass.SHARD_FAILED,
+                error_class=_error_class(err),
                 message=f"shard {input.shard} failed in {err.activity_type}: {reason}",
             ),
             result_type=ShardCounts,
@@ -164,10 +182,30 @@ async def _tell_parent(input: ShardInput, summary: ShardSummary) -> None:
         )
 
 
-def _reason(err: ActivityError) -> str:
+def _error_class(err: ActivityError) -> ErrorClass:
+    """Why the shard's unfinished items die: no worker for the model, a worker with
+    another model, or (anything else) the shard failed."""
+    cause = err.cause
+    if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
+        return ErrorClass.NO_WORKER
+    if isinstance(cause, ApplicationError) and cause.type == FailureType.WRONG_MODEL:
+        return ErrorClass.WRONG_MODEL
+    return ErrorClass.SHARD_FAILED
+
+
+def _reason(input: ShardInput, err: ActivityError) -> str:
     """'<type>: <message>' of the step's failure, without doubling the type when an
     ApplicationError's message already starts with it."""
     cause = err.cause or err
+    if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
+        # Temporal's own message ("activity ScheduleToStart timeout") does not say
+        # what was missing; the user needs the model and how long it waited.
+        limit = input.generate_schedule_to_start
+        waited = f" within {format_duration(limit.total_seconds())}" if limit else ""
+        return (
+            f"{ErrorClass.NO_WORKER}: no worker served model {input.spec.model}{waited} "
+            f"(task queue {input.gpu_task_queue})"
+        )
     kind = cause.type if isinstance(cause, ApplicationError) and cause.type else None
     kind = kind or type(cause).__name__
     message = str(cause)

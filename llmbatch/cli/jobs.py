@@ -7,14 +7,18 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from temporalio.client import Client
 
-from llmbatch.cli.common import emit_json, job_url, out, run
+from llmbatch.cli.common import CliError, emit_json, err, job_url, out, run
 from llmbatch.cli.jobview import describe_job, follow_job, print_summary, show_results
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
-from llmbatch.client import connect, start_job
+from llmbatch.client import connect, model_has_worker, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.progress import format_duration
 from llmbatch.contract.spec import JobSpec
+from llmbatch.contract.states import ErrorClass, JobState
 
 
 def register(app: typer.Typer) -> None:
@@ -36,22 +40,31 @@ def submit(
         bool, typer.Option(help="Wait, showing progress, then print the summary.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    require_worker: Annotated[
+        bool,
+        typer.Option(
+            help="Refuse the job when no worker serves its model (default: warn and submit)."
+        ),
+    ] = False,
 ) -> None:
     """Submit a batch job (validated before anything is scheduled)."""
     settings = Settings()
     spec = job.to_spec(settings, job_id=job_id)
     if not spec.job_id:
         spec = spec.model_copy(update={"job_id": _new_job_id()})
-    run(_submit(spec, settings, wait=wait, as_json=as_json))
+    run(_submit(spec, settings, wait=wait, as_json=as_json, require_worker=require_worker))
 
 
 def _new_job_id() -> str:
     return f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
-async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool) -> None:
+async def _submit(
+    spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool, require_worker: bool
+) -> None:
     await check_inputs(spec, settings)
     client = await connect(settings)
+    await _check_worker(client, spec.model, settings, require=require_worker)
     handle, started = await start_job(client, spec, settings=settings)
     if as_json and not wait:
         emit_json({"job_id": spec.job_id, "started": started, "run_id": handle.run_id})
@@ -63,6 +76,26 @@ async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: boo
     if wait:
         summary = await follow_job(client, handle, quiet=as_json)
         print_summary(summary, as_json=as_json)
+
+
+async def _check_worker(client: Client, model: str, settings: Settings, *, require: bool) -> None:
+    """A job for a model nobody serves would wait for a worker: say so before it starts."""
+    if await model_has_worker(client, settings, model):
+        return
+    queue = settings.gpu_task_queue(model)
+    if require:
+        raise CliError(
+            f"no worker serves model {model} (task queue {queue}); start one with "
+            f"'llm-batch worker gpu --model {model}', or submit without --require-worker"
+        )
+    # Submitted anyway: a worker may be on its way (autoscaling, a restart).
+    limit = format_duration(settings.generate_schedule_to_start.total_seconds())
+    err.print(
+        f"[yellow]warning:[/yellow] no worker serves model {escape(model)} yet (task queue "
+        f"{queue}); the job waits for one up to {limit} per shard, then its items die as "
+        f"{ErrorClass.NO_WORKER}",
+        highlight=False,
+    )
 
 
 # --- status / results ---------------------------------------------------------------
@@ -80,13 +113,23 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     workflow_state, p = await describe_job(settings, job_id)
     elapsed = _elapsed(p)
     rate = p.items_done / elapsed if elapsed else 0.0
+    # The job's workflow cannot see pollers, so the CLI asks Temporal itself.
+    waiting = p.state == JobState.RUNNING and not await model_has_worker(
+        await connect(settings), settings, p.model
+    )
     if as_json:
         data = p.model_dump(mode="json")
-        data.update(workflow_status=workflow_state, items_per_s=rate)
+        data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
         emit_json(data)
         return
     out.print(f"[bold]{job_id}[/bold]: {p.state} (workflow {workflow_state})")
     out.print(f"  model: {p.model}")
+    if waiting:
+        out.print(
+            f"  [yellow]waiting for a worker serving {escape(p.model)}[/yellow]: none polls "
+            f"task queue {settings.gpu_task_queue(p.model)}",
+            highlight=False,
+        )
     out.print(f"  shards: {p.shards_done}/{p.shards_total} done, running {p.shards_running}")
     out.print(
         f"  items: {p.items_done}/{p.items_total} done "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -86,6 +87,7 @@ class DeadLetterInput(BaseModel):
     spec: JobSpec
     layout: JobLayout
     gpu_task_queue: str
+    generate_schedule_to_start: timedelta | None = None
     state: DeadLetterState = Field(default_factory=DeadLetterState)
 
 

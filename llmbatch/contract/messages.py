@@ -5,6 +5,7 @@ Workflows import this module, so it holds pure data only (pydantic, no I/O).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -63,6 +64,11 @@ class PlanResult(BaseModel):
     shard_count: int
     items_total: int
     gpu_task_queue: str = Field(description="Queue of the workers that have the job's model.")
+    generate_schedule_to_start: timedelta | None = Field(
+        default=None,
+        description="How long generate waits for a worker on gpu_task_queue (None: no limit); "
+        "from the planning worker's settings, which workflows cannot read.",
+    )
 
 
 class JobProgress(BaseModel):
@@ -159,6 +165,9 @@ class ShardInput(BaseModel):
     layout: JobLayout
     shard: int
     gpu_task_queue: str
+    generate_schedule_to_start: timedelta | None = Field(
+        default=None, description="See PlanResult.generate_schedule_to_start."
+    )
     parent_workflow_id: str | None = Field(
         default=None, description="Job workflow to signal when done; None: just return."
     )

@@ -51,6 +51,10 @@ class ErrorClass(enum.StrEnum):
     INVALID_STRUCTURED_OUTPUT = "InvalidStructuredOutput"
     # The shard around it failed for good (storage gone, retries spent).
     SHARD_FAILED = "ShardFailed"
+    # No worker serving the job's model took the generate step in time.
+    NO_WORKER = "NoWorker"
+    # The step reached a worker that has another model loaded (it refused to run it).
+    WRONG_MODEL = "WrongModel"
 
 
 class FailureType(enum.StrEnum):
@@ -64,3 +68,4 @@ class FailureType(enum.StrEnum):
     JOB_STILL_RUNNING = "JobStillRunning"
     REDRIVE_RUNNING = "RedriveRunning"
     INVALID_REDRIVE = "InvalidRedrive"
+    WRONG_MODEL = "WrongModel"

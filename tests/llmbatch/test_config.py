@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -64,14 +65,26 @@ def test_secrets_do_not_show_in_repr(clean_env: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "queue"),
+    ("model", "readable"),
     [
-        ("Qwen/Qwen2.5-0.5B-Instruct", "llm-batch-gpu-qwen-qwen2.5-0.5b-instruct"),
-        ("/tmp/models/tiny-llama/", "llm-batch-gpu-tiny-llama"),
+        ("Qwen/Qwen2.5-0.5B-Instruct", "llm-batch-gpu-generate-qwen-qwen2.5-0.5b-instruct-"),
+        ("/tmp/models/tiny-llama/", "llm-batch-gpu-generate-tmp-models-tiny-llama-"),
     ],
 )
-def test_gpu_queue_is_named_for_the_model(
-    clean_env: pytest.MonkeyPatch, model: str, queue: str
+def test_gpu_queue_is_named_for_the_task_and_the_whole_model(
+    clean_env: pytest.MonkeyPatch, model: str, readable: str
 ) -> None:
-    assert Settings().gpu_task_queue(model) == queue
-    assert model_slug(model) in queue
+    queue = Settings().gpu_task_queue(model)
+    assert queue.startswith(readable) and model_slug(model) in queue
+    assert queue == Settings().gpu_task_queue(model.rstrip("/") + "/")
+
+
+def test_models_that_share_a_last_segment_or_a_slug_get_their_own_queues(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    # Named from the last segment, '/other/place/Model' took work meant for '/tmp/x/model'.
+    models = ["/tmp/x/model", "/other/place/Model", "/other/place/model", "org/m", "org-m"]
+    queues = {Settings().gpu_task_queue(m) for m in models}
+    assert len(queues) == len(models)
+    long = Settings().gpu_task_queue("/data/" + "m" * 900)
+    assert len(long) < 200 and re.fullmatch(r"[a-z0-9._-]+", long)

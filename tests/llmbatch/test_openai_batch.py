@@ -26,6 +26,7 @@ def test_body_maps_to_messages_and_sampling() -> None:
             response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
         ),
         defaults=SamplingSpec(),
+        model="m",
     )
     assert custom_id == "a"
     assert messages == [{"role": "user", "content": "hi"}]
@@ -36,7 +37,7 @@ def test_body_maps_to_messages_and_sampling() -> None:
 def test_text_content_parts_are_joined() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     _, messages, _ = parse_request(
-        line(messages=[{"role": "user", "content": parts}]), defaults=SamplingSpec()
+        line(messages=[{"role": "user", "content": parts}]), defaults=SamplingSpec(), model="m"
     )
     assert messages[0]["content"] == "ab"
 
@@ -53,7 +54,22 @@ def test_text_content_parts_are_joined() -> None:
 )
 def test_requests_that_cannot_run_are_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
-        parse_request({**line(), **change}, defaults=SamplingSpec())
+        parse_request({**line(), **change}, defaults=SamplingSpec(), model="m")
+
+
+def test_a_line_for_another_model_is_refused_naming_both_models() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse_request(
+            line(model="gpt-4o-mini", messages=[{"role": "user", "content": "PRIVATE ROW"}]),
+            defaults=SamplingSpec(),
+            model="/models/m",
+        )
+    assert "'gpt-4o-mini'" in str(refused.value) and "'/models/m'" in str(refused.value)
+    assert "PRIVATE" not in str(refused.value)  # no row content beyond the model's name
+    # No model in the body: the job's runs it, as it does for the same path with a slash.
+    for same in ({}, {"model": "/models/m/"}):
+        body = {"messages": [{"role": "user", "content": "x"}], **same}
+        parse_request({**line(), "body": body}, defaults=SamplingSpec(), model="/models/m")
 
 
 def test_output_and_error_lines_have_the_openai_shape() -> None:

@@ -212,7 +212,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
             "method": "POST",
             "url": "/v1/chat/completions",
             "body": {
-                "model": "whatever",
+                "model": model_name,
                 "messages": [{"role": "user", "content": f"Say hello {i}"}],
                 "max_tokens": 5,
             },
@@ -220,6 +220,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
         for i in range(30)
     ]
     lines[7]["url"] = "/v1/embeddings"  # cannot run: goes to the error file
+    lines[9]["body"]["model"] = "gpt-4o-mini"  # another model: never run on the job's
     data = jsonl_bytes(lines) + b"{not json\n"
     store = storage.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/batch.jsonl", data)
@@ -233,7 +234,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
 
     summary = await run(temporal_client, workers, spec)
 
-    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (31, 29, 2)
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (31, 28, 3)
     manifest = json.loads(store.read_bytes(summary.manifest))
     outputs = [
         json.loads(line)
@@ -246,7 +247,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
         for line in store.read_bytes(part).splitlines()
     ]
     assert sorted(o["custom_id"] for o in outputs) == sorted(
-        f"req-{i}" for i in range(30) if i != 7
+        f"req-{i}" for i in range(30) if i not in (7, 9)
     )
     for o in outputs:
         body = o["response"]["body"]
@@ -255,7 +256,9 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
         assert body["usage"]["completion_tokens"] <= 5
         assert isinstance(body["choices"][0]["message"]["content"], str)
     codes = {e["custom_id"]: e["error"]["code"] for e in errors}
-    assert codes == {"req-7": "InvalidRequest", "row-30": "InvalidRow"}
+    assert codes == {"req-7": "InvalidRequest", "req-9": "InvalidRequest", "row-30": "InvalidRow"}
+    (wrong_model,) = [e["error"]["message"] for e in errors if e["custom_id"] == "req-9"]
+    assert "'gpt-4o-mini'" in wrong_model and repr(model_name) in wrong_model
 
 
 async def test_same_job_id_twice_is_one_job_with_one_set_of_results(

@@ -121,3 +121,39 @@ async def test_submitting_the_same_job_id_twice_returns_the_running_job(
         for line in part.read_text().split("\n")[:-1]
     ]  # fmt: skip
     assert len(rows) == 30
+
+
+async def test_submit_for_a_model_no_worker_serves_warns_or_refuses(
+    workers: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"text": f"ticket {i}"}) + "\n" for i in range(5)))
+    model = f"/models/nobody-serves-{uuid.uuid4().hex[:6]}"
+    job = f"cli-noworker-{uuid.uuid4().hex[:8]}"
+    args = [
+        "submit", "--input", str(data), "--model", model, "--user", "{{ text }}",
+        "--output", f"file://{tmp_path / 'out'}", "--json",
+    ]  # fmt: skip
+
+    code, _, err = await cli(workers, *args, "--job-id", f"{job}-refused", "--require-worker")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"no worker serves model {model}" in err
+    runs = [e async for e in temporal_client.list_workflows(f"WorkflowId = '{job}-refused'")]
+    assert runs == []  # refused before anything was scheduled
+
+    code, out, err = await cli(workers, *args, "--job-id", job)
+    try:
+        assert code == 0 and json.loads(out)["started"], err
+        assert f"warning: no worker serves model {model}" in " ".join(err.split())
+        # Planned and rendered, the job waits for the model's worker: status says so.
+        for _ in range(120):
+            code, out, _ = await cli(workers, "status", job, "--json")
+            if json.loads(out)["waiting_for_worker"]:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError(f"status never said it waits for a worker: {out}")
+        code, out, _ = await cli(workers, "status", job)
+        assert code == 0 and f"waiting for a worker serving {model}" in " ".join(out.split())
+    finally:
+        await temporal_client.get_workflow_handle(job).cancel()
