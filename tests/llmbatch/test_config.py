@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,17 @@ def test_gpu_queue_is_named_for_the_model(
 ) -> None:
     assert Settings().gpu_task_queue(model) == queue
     assert model_slug(model) in queue
+
+
+def test_local_roots_are_a_path_list_defaulting_to_the_working_directory(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert Settings().local_roots == [tmp_path]  # clean_env works in tmp_path
+    clean_env.setenv("LLMBATCH_LOCAL_ROOTS", f"/data{os.pathsep}rel{os.pathsep}")
+    # Relative roots are fixed against the working directory when read.
+    assert Settings().local_roots == [Path("/data"), tmp_path / "rel"]
+    clean_env.setenv("LLMBATCH_LOCAL_ROOTS", "/")
+    assert Settings().local_roots == [Path("/")]
+    clean_env.setenv("LLMBATCH_LOCAL_ROOTS", os.pathsep)
+    with pytest.raises(ValueError, match="at least one folder"):
+        Settings()
