@@ -421,8 +421,13 @@ class S3Store:
             self._client.head_bucket(Bucket=bucket)
         except ClientError as exc:
             # A HEAD has no body: a missing bucket is a bare 404, not NoSuchBucket.
-            if _error_code(exc) in _NOT_FOUND_CODES:
+            code = _error_code(exc)
+            if code in _NOT_FOUND_CODES:
                 raise BucketNotFound(f"bucket {bucket!r} does not exist") from exc
+            if code in ("403", "AccessDenied"):
+                # The bucket exists; credentials allowed to write under a prefix may
+                # still not be allowed to HEAD the bucket. The writes will tell.
+                return
             raise _permanent(exc, uri) from exc
 
     def delete_prefix(self, uri: str) -> int:
