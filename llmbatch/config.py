@@ -13,11 +13,13 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -79,6 +81,28 @@ class Settings(BaseSettings):
     s3_access_key_id: SecretStr = SecretStr("llmbatch")
     s3_secret_access_key: SecretStr = SecretStr("llmbatch-secret")
     s3_bucket: str = "llm-batch"
+
+    local_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=lambda: [Path.cwd()],
+        description="Folders (os.pathsep-separated) under which local paths and file:// "
+        "URIs may be read and written; '/' allows all. Default: the working directory.",
+    )
+
+    @field_validator("local_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        # An environment variable holds them as a PATH-style list, not JSON.
+        if isinstance(value, str):
+            value = [part for part in value.split(os.pathsep) if part.strip()]
+        if isinstance(value, list | tuple) and not value:
+            raise ValueError("name at least one folder ('/' allows all)")
+        return value
+
+    @field_validator("local_roots")
+    @classmethod
+    def _absolute_roots(cls, value: list[Path]) -> list[Path]:
+        # Fixed now: a relative root must not move with a later chdir.
+        return [p.expanduser().absolute() for p in value]
 
     @classmethod
     def settings_customise_sources(

@@ -150,6 +150,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         if value is None:
             continue
         raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
+        if isinstance(raw, list):  # local_roots: a PATH-style list, as Settings reads it
+            raw = os.pathsep.join(str(item) for item in raw)
         env[f"LLMBATCH_{name.upper()}"] = str(raw)
     return env
 

@@ -27,7 +27,9 @@ class InputsInfo:
 
 
 def inspect_inputs(spec: JobSpec, store_for: StoreFor) -> InputsInfo:
-    """List the inputs, settle their format and check the prompt against their fields."""
+    """Check the output can be written, list the inputs, settle their format and
+    check the prompt against their fields."""
+    check_output(spec, store_for)
     objects: list[storage.ObjectInfo] = []
     for uri in spec.inputs:
         try:
@@ -61,6 +63,16 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor) -> InputsInfo:
         if spec.id_field is not None and fields and spec.id_field not in fields:
             raise InvalidJobSpec(f"id field {spec.id_field!r} is not a field of {objects[0].uri}")
     return InputsInfo(objects=objects, input_format=fmt)
+
+
+def check_output(spec: JobSpec, store_for: StoreFor) -> None:
+    """Refuse an output that no write can reach, before a single one is tried: a
+    missing bucket (an S3 server such as SeaweedFS would create it on the first write,
+    and a typo would go unnoticed) or a folder outside the workers' local roots."""
+    try:
+        store_for(spec.output_uri).check_output(spec.output_uri)
+    except storage.StorageError as exc:
+        raise InvalidJobSpec(f"cannot write output {spec.output_uri}: {exc}") from exc
 
 
 def plan(spec: JobSpec, info: InputsInfo, store_for: StoreFor) -> list[formats.ShardPlan]:

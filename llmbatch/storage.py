@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
@@ -47,10 +47,16 @@ from botocore.exceptions import (
 
 from llmbatch.config import Settings
 
+# Re-exported: storage callers take URIs apart with the contract's one parser.
+from llmbatch.contract.uris import scheme_of as scheme_of
+from llmbatch.contract.uris import split_scheme as split_scheme
+
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 _GLOB_CHARS = ("*", "?", "[")
+# Named in refusals, so an operator knows which setting to widen.
+_ROOTS_SETTING = "LLMBATCH_LOCAL_ROOTS"
 _READ_BUFFER = 1 << 20
 # How often a streaming S3 read reopens the object at its position after the
 # connection drops mid-body (botocore retries requests, not bodies).
@@ -86,6 +92,10 @@ class InputNotFound(StorageError):
 
 class BucketNotFound(InputNotFound):
     """The URI's bucket does not exist."""
+
+
+class OutsideLocalRoots(StorageError):
+    """A local path outside the folders workers may use (``Settings.local_roots``)."""
 
 
 @dataclass(frozen=True)
@@ -135,24 +145,15 @@ class ObjectStore(Protocol):
 
     def exists(self, uri: str) -> bool: ...
 
+    def check_output(self, uri: str) -> None:
+        """Raise :class:`StorageError` if results can never be written under ``uri``
+        (a bucket that does not exist, a folder outside the local roots); writes
+        nothing, creates nothing."""
+        ...
+
     def delete_prefix(self, uri: str) -> int:
         """Delete the object at ``uri`` and every object under ``uri/``; return how many."""
         ...
-
-
-def split_scheme(uri: str) -> tuple[str | None, str]:
-    """``(scheme, rest)`` of ``scheme://rest``, the scheme as written; ``(None, uri)``
-    for a plain path. The one place a URI's scheme is taken apart: not urlsplit,
-    because a key may hold ``?`` or ``#``, which are glob or plain characters here."""
-    scheme, sep, rest = uri.partition("://")
-    return (scheme, rest) if sep else (None, uri)
-
-
-def scheme_of(uri: str) -> str:
-    """``s3``, ``file`` (also for plain paths), or whatever else the URI names, in
-    lower case (schemes are case-insensitive)."""
-    scheme, _ = split_scheme(uri)
-    return "file" if scheme is None else scheme.lower()
 
 
 def open_store(uri: str, settings: Settings) -> ObjectStore:
@@ -161,7 +162,7 @@ def open_store(uri: str, settings: Settings) -> ObjectStore:
     if scheme == "s3":
         return S3Store(settings)
     if scheme == "file":
-        return LocalStore()
+        return LocalStore(settings.local_roots)
     raise StorageError(f"unsupported URI scheme {scheme!r} in {uri}; use s3://, file:// or a path")
 
 
@@ -414,6 +415,21 @@ class S3Store:
             return False
         return True
 
+    def check_output(self, uri: str) -> None:
+        bucket, _ = split_s3(uri, need_key=False)
+        try:
+            self._client.head_bucket(Bucket=bucket)
+        except ClientError as exc:
+            # A HEAD has no body: a missing bucket is a bare 404, not NoSuchBucket.
+            code = _error_code(exc)
+            if code in _NOT_FOUND_CODES:
+                raise BucketNotFound(f"bucket {bucket!r} does not exist") from exc
+            if code in ("403", "AccessDenied"):
+                # The bucket exists; credentials allowed to write under a prefix may
+                # still not be allowed to HEAD the bucket. The writes will tell.
+                return
+            raise _permanent(exc, uri) from exc
+
     def delete_prefix(self, uri: str) -> int:
         bucket, key = split_s3(uri, need_key=False)
         if not key.strip("/"):
@@ -536,6 +552,16 @@ def local_path(uri: str) -> Path:
     return Path(uri).expanduser()
 
 
+def _listing_base(path: Path) -> Path:
+    """The folder a listing of ``path`` reads: ``path`` itself, or for a glob the
+    folder above its first wildcard."""
+    text = str(path)
+    if not _has_glob(text):
+        return path
+    head = text[: min(text.index(c) for c in _GLOB_CHARS if c in text)]
+    return Path(head.rsplit("/", 1)[0] or "/") if "/" in head else Path(".")
+
+
 def _os_error(exc: OSError, uri: str) -> Exception:
     if isinstance(exc, FileNotFoundError | NotADirectoryError):
         return InputNotFound(f"{uri} does not exist")
@@ -547,12 +573,37 @@ def _os_error(exc: OSError, uri: str) -> Exception:
 
 
 class LocalStore:
-    """Files on this machine. Listed URIs keep the form given: ``file://`` URIs come back
-    as absolute ``file://`` URIs, plain paths as paths (relative stay relative)."""
+    """Files on this machine, under ``roots`` only. Listed URIs keep the form given:
+    ``file://`` URIs come back as absolute ``file://`` URIs, plain paths as paths
+    (relative stay relative).
+
+    Every path is resolved (``..`` and symlinks) before it is opened, and refused with
+    :class:`OutsideLocalRoots` unless it lies under a root: a job spec comes from
+    callers this worker need not trust, and must not make it read or write its files.
+    """
+
+    def __init__(self, roots: Iterable[Path | str]) -> None:
+        self._roots = tuple(Path(r).expanduser().resolve() for r in roots)
+        if not self._roots:
+            raise ValueError("LocalStore needs at least one root folder ('/' allows all)")
+
+    def _inside(self, path: Path, uri: str) -> Path:
+        """``path`` resolved, if it lies under a root; the resolved path is what is
+        opened, so a symlink is followed once, here, and not again after the check."""
+        resolved = path.resolve(strict=False)
+        if not any(resolved.is_relative_to(root) for root in self._roots):
+            # The path and the setting, nothing of the file: not even whether it exists.
+            raise OutsideLocalRoots(f"{uri} is outside the folders in {_ROOTS_SETTING}")
+        return resolved
+
+    def _path(self, uri: str) -> Path:
+        return self._inside(local_path(uri), uri)
 
     def list(self, uri: str) -> list[ObjectInfo]:
         path = local_path(uri)
         as_uri = split_scheme(uri)[0] is not None  # local_path allows only file://
+        # The folder the listing reads is checked before anything there is looked at.
+        self._inside(_listing_base(path), uri)
         if _has_glob(str(path)):
             # glob skips dot-files for us, as the S3 side's regex does not need to.
             matches = [Path(p) for p in globlib.glob(str(path), recursive=True)]
@@ -566,6 +617,8 @@ class LocalStore:
             raise InputNotFound(f"{uri} does not exist")
         found = []
         for p in matches:
+            # A symlink under a root may point anywhere: each file is checked too.
+            self._inside(p, str(p))
             try:
                 if not p.is_file():
                     continue
@@ -578,7 +631,7 @@ class LocalStore:
         return sorted(found, key=lambda o: o.uri)
 
     def size(self, uri: str) -> int:
-        path = local_path(uri)
+        path = self._path(uri)
         try:
             if path.is_dir():
                 raise IsADirectoryError(uri)
@@ -588,7 +641,7 @@ class LocalStore:
 
     def read_bytes(self, uri: str) -> bytes:
         try:
-            return local_path(uri).read_bytes()
+            return self._path(uri).read_bytes()
         except OSError as exc:
             raise _os_error(exc, uri) from exc
 
@@ -598,7 +651,7 @@ class LocalStore:
 
     def open_read(self, uri: str, *, start: int = 0, end: int | None = None) -> BinaryIO:
         try:
-            f = local_path(uri).open("rb")
+            f = self._path(uri).open("rb")
         except OSError as exc:
             raise _os_error(exc, uri) from exc
         if start:
@@ -621,12 +674,17 @@ class LocalStore:
                 shutil.copyfileobj(src, f, _READ_BUFFER)
 
     def _atomic(self, uri: str) -> _AtomicFile:
-        return _AtomicFile(local_path(uri), uri)
+        return _AtomicFile(self._path(uri), uri)
 
     def exists(self, uri: str) -> bool:
-        return local_path(uri).is_file()
+        return self._path(uri).is_file()
+
+    def check_output(self, uri: str) -> None:
+        self._path(uri)
 
     def delete_prefix(self, uri: str) -> int:
+        self._path(uri)
+        # Deleted as named, not resolved: a symlink is removed, never what it points at.
         path = local_path(uri)
         if path.is_file() or path.is_symlink():
             path.unlink()

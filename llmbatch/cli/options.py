@@ -106,6 +106,11 @@ class JobOptions:
         if self.json_schema is not None:
             sampling["json_schema"] = json.loads(self.json_schema.read_text())
         values["sampling"] = sampling
+        # A worker resolves a relative path against its own working directory, not
+        # this one: send absolute paths.
+        values["inputs"] = [_absolute(uri) for uri in values["inputs"]]
+        if isinstance(values["output_uri"], str):
+            values["output_uri"] = _absolute(values["output_uri"])
         try:
             return JobSpec.model_validate(values)
         except ValidationError as exc:
@@ -177,6 +182,14 @@ def _messages(
     if user:
         messages.append({"role": "user", "content": user})
     return messages or None
+
+
+def _absolute(uri: str) -> str:
+    """``uri`` itself, or for a plain path that is relative (or starts with ``~``) the
+    absolute path. ``..`` stays as given, for the spec's validation to refuse."""
+    if storage.split_scheme(uri)[0] is not None or not uri.strip() or uri.startswith("/"):
+        return uri
+    return str(Path(uri).expanduser().absolute())
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from llmbatch.contract import uris
+
 # ":" is allowed because a Temporal Schedule names each run "<workflow id>-<RFC 3339
 # UTC time>" (e.g. "nightly-2025-06-01T02:00:00Z"), and a scheduled run's job id is
 # its workflow id. No "/" (shard workflows are "<job>/shard-<n>"), no spaces.
@@ -158,6 +160,22 @@ class JobSpec(_Strict):
     def _no_blank_inputs(cls, value: list[str]) -> list[str]:
         if any(not v.strip() for v in value):
             raise ValueError("an input URI is empty")
+        for uri in value:
+            _no_parent_segment(uri, "input")
+        return value
+
+    @field_validator("output_uri")
+    @classmethod
+    def _output_where_results_may_go(cls, value: str) -> str:
+        # Refused here, before any work: an unknown scheme would otherwise fail only
+        # when the first shard writes, and a ".." could write outside the folder.
+        scheme = uris.scheme_of(value)
+        if scheme not in uris.SUPPORTED_SCHEMES:
+            raise ValueError(
+                f"output URI {value!r} has unsupported scheme {scheme!r}; "
+                "use s3://bucket/prefix, file:///abs/path or a path"
+            )
+        _no_parent_segment(value, "output")
         return value
 
     @model_validator(mode="after")
@@ -169,6 +187,11 @@ class JobSpec(_Strict):
         if self.input_format is InputFormat.OPENAI and self.messages is not None:
             raise ValueError("OpenAI batch input carries its own messages; drop 'messages'")
         return self
+
+
+def _no_parent_segment(uri: str, what: str) -> None:
+    if uris.has_parent_segment(uri):
+        raise ValueError(f"{what} URI {uri!r} has a '..' segment; name the folder directly")
 
 
 def _looks_like_jsonl(uri: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -88,3 +89,17 @@ def test_models_that_share_a_last_segment_or_a_slug_get_their_own_queues(
     assert len(queues) == len(models)
     long = Settings().gpu_task_queue("/data/" + "m" * 900)
     assert len(long) < 200 and re.fullmatch(r"[a-z0-9._-]+", long)
+
+
+def test_local_roots_are_a_path_list_defaulting_to_the_working_directory(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert Settings().local_roots == [tmp_path]  # clean_env works in tmp_path
+    clean_env.setenv("LLMBATCH_LOCAL_ROOTS", f"/data{os.pathsep}rel{os.pathsep}")
+    # Relative roots are fixed against the working directory when read.
+    assert Settings().local_roots == [Path("/data"), tmp_path / "rel"]
+    clean_env.setenv("LLMBATCH_LOCAL_ROOTS", "/")
+    assert Settings().local_roots == [Path("/")]
+    clean_env.setenv("LLMBATCH_LOCAL_ROOTS", os.pathsep)
+    with pytest.raises(ValueError, match="at least one folder"):
+        Settings()

@@ -22,7 +22,8 @@ from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat
 from llmbatch.storage import LocalStore, ObjectInfo, ObjectStore, open_store, scheme_of
 
-STORE = LocalStore()
+# Format tests read only their own tmp files: no root to keep them in.
+STORE = LocalStore(["/"])
 
 
 def write(tmp_path: Path, name: str, data: bytes) -> ObjectInfo:

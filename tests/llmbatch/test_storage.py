@@ -266,7 +266,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 def test_local_globs_folders_and_file_uris(tree: Path) -> None:
-    store = LocalStore()
+    store = LocalStore([tree])
     d = tree / "d"
     assert uris(store.list(str(d / "*.jsonl"))) == [str(d / "a.jsonl"), str(d / "b.jsonl")]
     assert uris(store.list(str(d / "**" / "*.jsonl"))) == [
@@ -285,13 +285,13 @@ def test_local_globs_folders_and_file_uris(tree: Path) -> None:
 
 def test_local_relative_paths_stay_relative(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tree)
-    store = LocalStore()
+    store = LocalStore([tree])
     assert uris(store.list("d/*.csv")) == ["d/c.csv"]
     assert store.read_bytes("d/c.csv") == b"d/c.csv"
 
 
 def test_local_missing_and_bad_inputs(tree: Path) -> None:
-    store = LocalStore()
+    store = LocalStore([tree])
     with pytest.raises(InputNotFound, match=re.escape(f"{tree}/nope.csv does not exist")):
         store.list(str(tree / "nope.csv"))
     with pytest.raises(InputNotFound, match=r"no files match .*\*\.parquet"):
@@ -307,7 +307,7 @@ def test_local_missing_and_bad_inputs(tree: Path) -> None:
 
 
 def test_local_ranges_and_streaming_reads(tmp_path: Path) -> None:
-    store = LocalStore()
+    store = LocalStore([tmp_path])
     data = bytes(range(256)) * 40
     uri = f"file://{tmp_path}/r.bin"
     store.put_bytes(uri, data)
@@ -322,7 +322,7 @@ def test_local_ranges_and_streaming_reads(tmp_path: Path) -> None:
 
 
 def test_local_writes_replace_atomically(tmp_path: Path) -> None:
-    store = LocalStore()
+    store = LocalStore([tmp_path])
     target = f"file://{tmp_path}/out/part-00000.jsonl"
     store.put_bytes(target, b"first")
     store.put_bytes(target, b"second")
@@ -344,7 +344,7 @@ def test_local_writes_replace_atomically(tmp_path: Path) -> None:
 
 
 def test_local_delete_prefix(tree: Path) -> None:
-    store = LocalStore()
+    store = LocalStore([tree])
     (tree / "dd").mkdir()
     (tree / "dd" / "keep").write_bytes(b"x")
     assert store.delete_prefix(str(tree / "d")) == 6  # hidden files go too
@@ -352,6 +352,105 @@ def test_local_delete_prefix(tree: Path) -> None:
     assert (tree / "dd" / "keep").exists()
     assert store.delete_prefix(str(tree / "d")) == 0
     assert store.delete_prefix(f"file://{tree}/dd/keep") == 1
+
+
+def test_local_store_reads_nothing_outside_its_roots(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "ok.csv").write_text("a\n1\n")
+    secret = tmp_path / "secret.csv"
+    secret.write_text("password\nhunter2\n")
+    store = LocalStore([root])
+    for uri in (
+        "/etc/os-release",
+        f"file://{secret}",
+        f"{root}/../secret.csv",  # ".." climbs out before the root is checked
+        f"file://{tmp_path}/*.csv",
+        str(tmp_path),
+    ):
+        with pytest.raises(storage.OutsideLocalRoots) as info:
+            store.list(uri)
+        message = str(info.value)
+        # One line naming the path and the setting; nothing of the file.
+        assert uri in message and "LLMBATCH_LOCAL_ROOTS" in message
+        assert "hunter2" not in message and "\n" not in message
+        with pytest.raises(storage.OutsideLocalRoots):
+            store.read_bytes(uri)
+    assert store.read_bytes(str(root / "ok.csv")) == b"a\n1\n"
+
+
+def test_local_store_refuses_symlinks_that_point_out_of_its_roots(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "in").mkdir(parents=True)
+    (root / "in" / "a.csv").write_text("a\n1\n")
+    secret = tmp_path / "secret.csv"
+    secret.write_text("password\nhunter2\n")
+    (root / "in" / "b.csv").symlink_to(secret)
+    (root / "outside").symlink_to(tmp_path)
+    store = LocalStore([root])
+    for uri in (str(root / "in" / "b.csv"), str(root / "in"), f"{root}/in/*.csv"):
+        with pytest.raises(storage.OutsideLocalRoots, match="LLMBATCH_LOCAL_ROOTS"):
+            store.list(uri)
+    with pytest.raises(storage.OutsideLocalRoots):
+        store.open_read(str(root / "in" / "b.csv"))
+    # Writing through a symlinked folder would land outside too.
+    with pytest.raises(storage.OutsideLocalRoots):
+        store.put_bytes(str(root / "outside" / "x.csv"), b"x")
+    assert not (tmp_path / "x.csv").exists()
+    # A symlink that stays inside the roots is followed as before.
+    (root / "in" / "c.csv").symlink_to(root / "in" / "a.csv")
+    assert store.read_bytes(str(root / "in" / "c.csv")) == b"a\n1\n"
+
+
+def test_local_store_writes_and_deletes_nothing_outside_its_roots(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "keep").write_bytes(b"k")
+    store = LocalStore([root])
+    for uri in (f"file://{root}/../../escaped/x.jsonl", str(tmp_path / "x.jsonl")):
+        with pytest.raises(storage.OutsideLocalRoots):
+            store.put_bytes(uri, b"x")
+        with pytest.raises(storage.OutsideLocalRoots):
+            store.check_output(uri)
+    with pytest.raises(storage.OutsideLocalRoots):
+        store.delete_prefix(str(tmp_path / "keep"))
+    with pytest.raises(storage.OutsideLocalRoots):
+        store.exists(str(tmp_path / "keep"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "root"]
+    store.check_output(f"file://{root}/out")
+    store.put_bytes(f"file://{root}/out/x.jsonl", b"x")
+    assert (root / "out" / "x.jsonl").read_bytes() == b"x"
+
+
+def test_a_root_of_slash_allows_every_path(tmp_path: Path) -> None:
+    store = storage.open_store("/etc/os-release", Settings(local_roots=[Path("/")]))
+    assert store.read_bytes("/etc/os-release") == Path("/etc/os-release").read_bytes()
+    store.put_bytes(str(tmp_path / "x"), b"x")
+
+
+def test_open_store_takes_the_roots_from_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "c").mkdir()
+    monkeypatch.setenv("LLMBATCH_LOCAL_ROOTS", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
+    stores = storage.Stores(Settings())
+    stores("x").put_bytes(str(tmp_path / "a" / "x"), b"x")
+    stores("x").put_bytes(str(tmp_path / "b" / "x"), b"x")
+    with pytest.raises(storage.OutsideLocalRoots):
+        stores("x").put_bytes(str(tmp_path / "c" / "x"), b"x")
+
+
+def test_s3_check_output_refuses_a_missing_bucket_and_creates_none(
+    s3: storage.ObjectStore, bucket: str, s3_client: Any
+) -> None:
+    s3.check_output(f"s3://{bucket}/out")
+    missing = f"{bucket}-missing"
+    with pytest.raises(storage.BucketNotFound, match=f"bucket '{missing}' does not exist"):
+        s3.check_output(f"s3://{missing}/out")
+    names = [b["Name"] for b in s3_client.list_buckets()["Buckets"]]
+    assert bucket in names and missing not in names
 
 
 # --- URIs ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
 from llmbatch import formats, ledger, storage
@@ -310,6 +311,60 @@ async def test_bad_jobs_are_refused_with_a_clear_message(
         await asyncio.wait_for(handle.result(), 60)
     message = str(failure.value.cause)
     assert "city" in message and "id, n, name" in message
+
+
+async def failure_of(client: Client, settings: Settings, spec: JobSpec) -> ApplicationError:
+    """The failure of a job that is expected to fail."""
+    handle, _ = await start_job(client, spec, settings=settings)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), 60)
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError)
+    return cause
+
+
+async def test_jobs_started_directly_touch_no_file_outside_the_local_roots(
+    workers: Settings, temporal_client: Client, tmp_path: Path, model_name: str
+) -> None:
+    # Started over Temporal, as another service would, so no CLI check runs first:
+    # plan_job refuses. The session's roots are its basetemp and the project folder.
+    output = f"file://{tmp_path / 'out'}"
+    host_file = classify(
+        inputs=["/etc/os-release"], output_uri=output, model=model_name, input_format="csv"
+    )
+    cause = await failure_of(temporal_client, workers, host_file)
+    assert cause.type == "InvalidJobSpec"
+    assert "/etc/os-release" in cause.message and "LLMBATCH_LOCAL_ROOTS" in cause.message
+    assert "NAME=" not in cause.message
+
+    link = tmp_path / "companies.csv"
+    link.symlink_to("/etc/os-release")
+    linked = classify(inputs=[str(link)], output_uri=output, model=model_name)
+    cause = await failure_of(temporal_client, workers, linked)
+    assert cause.type == "InvalidJobSpec" and "LLMBATCH_LOCAL_ROOTS" in cause.message
+
+    data = tmp_path / "in.csv"
+    data.write_bytes(csv_bytes(companies(3)))
+    outside = classify(inputs=[str(data)], output_uri="file:///var/tmp/llm-out", model=model_name)
+    cause = await failure_of(temporal_client, workers, outside)
+    assert cause.type == "InvalidJobSpec" and "/var/tmp/llm-out" in cause.message
+    for path in (Path("/var/tmp/llm-out"), tmp_path / "out"):
+        assert not await asyncio.to_thread(path.exists)
+
+
+async def test_output_to_a_missing_bucket_fails_and_creates_no_bucket(
+    workers: Settings, temporal_client: Client, bucket: str, s3_client: Any, model_name: str
+) -> None:
+    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(3)))
+    missing = f"{bucket}-missing"
+    spec = classify(
+        inputs=[f"s3://{bucket}/in/c.csv"], output_uri=f"s3://{missing}/out", model=model_name
+    )
+    cause = await failure_of(temporal_client, workers, spec)
+    assert cause.type == "InvalidJobSpec"
+    assert f"bucket '{missing}' does not exist" in cause.message
+    assert missing not in [b["Name"] for b in s3_client.list_buckets()["Buckets"]]
 
 
 async def test_histories_replay_without_nondeterminism(

@@ -12,6 +12,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -157,3 +158,50 @@ async def test_submit_for_a_model_no_worker_serves_warns_or_refuses(
         assert code == 0 and f"waiting for a worker serving {model}" in " ".join(out.split())
     finally:
         await temporal_client.get_workflow_handle(job).cancel()
+
+
+async def test_submit_refuses_local_files_outside_the_roots(
+    stack: Settings, s3_client: Any, tmp_path: Path
+) -> None:
+    # The session's roots are its basetemp and the project folder (tests/fixtures/stack.py).
+    user = ["--model", "m", "--user", "{{ NAME }}"]
+    code, _, err = await cli(
+        stack, "submit", "--input", "/etc/os-release", "--format", "csv", *user
+    )
+    assert code == 1 and "/etc/os-release" in err and "LLMBATCH_LOCAL_ROOTS" in err
+    assert len(err.strip().splitlines()) == 1 and "Debian" not in err and "NAME=" not in err
+
+    # A symlink under a root that points out of the roots is refused as well.
+    link = tmp_path / "rows.csv"
+    link.symlink_to("/etc/os-release")
+    code, _, err = await cli(stack, "submit", "--input", str(link), "--format", "csv", *user)
+    assert code == 1 and "LLMBATCH_LOCAL_ROOTS" in err and "NAME=" not in err
+
+    data = tmp_path / "ok.csv"
+    data.write_text("NAME\nAcme\n")
+
+    async def submit_to(output: str) -> tuple[int, str]:
+        code, _, err = await cli(stack, "submit", "--input", str(data), "--output", output, *user)
+        return code, err
+
+    code, err = await submit_to("file:///x/../../y")
+    assert code == 1 and "output_uri" in err and "'..'" in err
+    code, err = await submit_to("gs://b/out")
+    assert code == 1 and "unsupported scheme 'gs'" in err
+    code, err = await submit_to("/etc/llm-out")
+    assert code == 1 and "/etc/llm-out" in err and "LLMBATCH_LOCAL_ROOTS" in err
+
+    missing = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
+    code, err = await submit_to(f"s3://{missing}/out")
+    assert code == 1 and f"bucket '{missing}' does not exist" in err
+    assert missing not in [b["Name"] for b in s3_client.list_buckets()["Buckets"]]
+
+
+async def test_a_root_of_slash_lets_submit_read_any_file(stack: Settings) -> None:
+    # The file is read (its fields are checked against the prompt): no roots refusal.
+    everywhere = stack.model_copy(update={"local_roots": [Path("/")]})
+    code, _, err = await cli(
+        everywhere, "submit", "--input", "/etc/os-release", "--format", "csv",
+        "--model", "m", "--user", "{{ no_such_field }}",
+    )  # fmt: skip
+    assert code == 1 and "no_such_field" in err and "LLMBATCH_LOCAL_ROOTS" not in err

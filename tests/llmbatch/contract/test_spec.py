@@ -40,6 +40,13 @@ def test_a_minimal_spec_has_working_defaults() -> None:
         ({"sampling": {"choice": ["a", "a"]}}, "duplicate"),
         ({"sampling": {"temprature": 1}}, "temprature"),
         ({"input_format": "openai"}, "carries its own messages"),
+        ({"output_uri": "file:///x/../../y"}, "output URI 'file:///x/../../y' has a '..'"),
+        ({"output_uri": "out/.."}, "has a '..' segment"),
+        ({"output_uri": "s3://b/a/../../c"}, "has a '..' segment"),
+        ({"output_uri": "gs://b/out"}, "unsupported scheme 'gs'"),
+        ({"output_uri": "http://host/out"}, "unsupported scheme 'http'"),
+        ({"inputs": ["/data/../etc/os-release"]}, "input URI .* has a '..' segment"),
+        ({"inputs": ["s3://b/in/../x.csv"]}, "has a '..' segment"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_problem(overrides: dict[str, Any], message: str) -> None:
@@ -82,3 +89,10 @@ def test_sampling_overrides_win_and_are_validated_as_a_whole() -> None:
         base.with_overrides({"regex": "x+"})
     with pytest.raises(ValidationError, match="temprature"):
         base.with_overrides({"temprature": 1})
+
+
+@pytest.mark.parametrize(
+    "output", ["s3://b/out", "S3://b/out", "file:///data/out", "/data/out", "out", "a..b/c.."]
+)
+def test_outputs_in_a_supported_scheme_without_parent_segments_are_taken(output: str) -> None:
+    assert spec(output_uri=output).output_uri == output
