@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
+from temporalio.client import Client
 
-from llmbatch.cli.common import emit_json, job_url, out, run
+from llmbatch.cli.common import CliError, emit_json, job_url, out, run
 from llmbatch.cli.jobview import describe_job, follow_job, print_summary, show_results
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
-from llmbatch.client import connect, start_job
+from llmbatch.client import connect, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.spec import JobSpec
@@ -36,23 +37,46 @@ def submit(
         bool, typer.Option(help="Wait, showing progress, then print the summary.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    attach: Annotated[
+        bool,
+        typer.Option(help="When the job id exists, follow that job even if its spec differs."),
+    ] = False,
 ) -> None:
     """Submit a batch job (validated before anything is scheduled)."""
     settings = Settings()
     spec = job.to_spec(settings, job_id=job_id)
     if not spec.job_id:
         spec = spec.model_copy(update={"job_id": _new_job_id()})
-    run(_submit(spec, settings, wait=wait, as_json=as_json))
+    run(_submit(spec, settings, wait=wait, as_json=as_json, attach=attach))
+
+
+async def _refuse_other_spec(client: Client, spec: JobSpec) -> None:
+    """A second submit of a job id follows the job only when it asks for the same job:
+    following another spec's job with exit 0 would pass its results off as this one's."""
+    existing = await started_spec(client, spec.job_id)
+    if existing is None:
+        return
+    ours, theirs = spec.model_dump(mode="json"), existing.model_dump(mode="json")
+    differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if differ:
+        raise CliError(
+            f"job {spec.job_id} exists with a different spec; use --attach to follow it or "
+            f"pick another id (it differs in: {', '.join(differ)})"
+        )
 
 
 def _new_job_id() -> str:
     return f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
-async def _submit(spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool) -> None:
+async def _submit(
+    spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool, attach: bool
+) -> None:
     await check_inputs(spec, settings)
     client = await connect(settings)
     handle, started = await start_job(client, spec, settings=settings)
+    if not started and not attach:
+        await _refuse_other_spec(client, spec)
     if as_json and not wait:
         emit_json({"job_id": spec.job_id, "started": started, "run_id": handle.run_id})
         return
