@@ -40,6 +40,12 @@ def test_a_minimal_spec_has_working_defaults() -> None:
         ({"sampling": {"choice": ["a", "a"]}}, "duplicate"),
         ({"sampling": {"temprature": 1}}, "temprature"),
         ({"input_format": "openai"}, "carries its own messages"),
+        ({"sampling": {"json_schema": {"type": "objekt"}}}, "not a valid JSON Schema.*at type"),
+        (
+            {"sampling": {"json_schema": {"properties": {"a": {"type": 12}}}}},
+            "at properties/a/type",
+        ),
+        ({"sampling": {"json_schema": {"required": "a"}}}, "not a valid JSON Schema"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_problem(overrides: dict[str, Any], message: str) -> None:
@@ -82,3 +88,12 @@ def test_sampling_overrides_win_and_are_validated_as_a_whole() -> None:
         base.with_overrides({"regex": "x+"})
     with pytest.raises(ValidationError, match="temprature"):
         base.with_overrides({"temprature": 1})
+
+
+def test_a_valid_json_schema_is_kept_as_given() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["a", "b"]}, "score": {"type": "number"}},
+        "required": ["label"],
+    }
+    assert spec(sampling={"json_schema": schema}).sampling.json_schema == schema
