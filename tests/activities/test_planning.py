@@ -22,6 +22,7 @@ from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import FinalizeInput, JobLayout, JobSummary
+from llmbatch.contract.names import BATCH_JOB_WORKFLOW
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec
 from llmbatch.contract.states import FailureType, JobState
 from workers.cpu import cpu_worker
@@ -87,6 +88,30 @@ async def test_started_directly_jobs_that_can_never_run_fail_fast(
             cause = await failure_of(temporal_client, stack, spec)
             assert cause.type == FailureType.INVALID_JOB_SPEC
             assert cause.message == message
+
+
+async def test_a_spec_sent_as_json_that_is_invalid_fails_fast_not_hangs(
+    stack: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    # What a service in another language sends: JSON the Python client would refuse to
+    # build. Refused by the data converter, it would fail every workflow task forever.
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"x": 1}\n')
+    spec = spec_for(data, tmp_path).model_dump(mode="json")
+    spec["sampling"]["json_schema"] = {"type": "objekt"}
+    async with cpu_worker(stack, client=temporal_client):
+        handle = await temporal_client.start_workflow(
+            BATCH_JOB_WORKFLOW, {"spec": spec}, id=spec["job_id"], task_queue=stack.cpu_task_queue
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), FAST_S)
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == FailureType.INVALID_JOB_SPEC
+    assert cause.message.startswith(
+        "invalid job: spec.sampling.json_schema: Value error, json_schema is not a valid "
+        "JSON Schema: 'objekt' is not valid"
+    )
+    assert "\n" not in cause.message
 
 
 async def test_a_job_of_no_items_is_finalized_at_the_first_attempt(
