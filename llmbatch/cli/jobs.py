@@ -56,6 +56,9 @@ async def _refuse_other_spec(client: Client, spec: JobSpec) -> None:
     existing = await started_spec(client, spec.job_id)
     if existing is None:
         return
+    # A job started without a job id (a bare spec from another client) runs under its
+    # workflow id, which is this one: the same job id.
+    existing = existing.model_copy(update={"job_id": existing.job_id or spec.job_id})
     ours, theirs = spec.model_dump(mode="json"), existing.model_dump(mode="json")
     differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
     if differ:
