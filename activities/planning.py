@@ -10,7 +10,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import ledger, planning
+from llmbatch import ledger, planning, storage
 from llmbatch.contract.messages import (
     FinalizeInput,
     JobLayout,
@@ -92,7 +92,12 @@ class PlanningActivities:
             ).total_seconds()
         summary.manifest = layout.manifest
         store = self._ctx.store(layout.output_root)
-        objects = await asyncio.to_thread(store.list, f"{layout.output_root}/")
+        try:
+            objects = await asyncio.to_thread(store.list, f"{layout.output_root}/")
+        except storage.InputNotFound:
+            # No output part at all (no shard wrote one): an empty list, not a fault
+            # to retry for minutes.
+            objects = []
         parts = sorted(o.uri for o in objects if "/part-" in o.uri and "/_staging/" not in o.uri)
         manifest = {
             "job_id": summary.job_id,

@@ -14,7 +14,7 @@ from temporalio.common import (
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import telemetry
 from llmbatch.config import Settings
@@ -101,3 +101,24 @@ async def model_has_worker(client: Client, settings: Settings, model: str) -> bo
         )
     )
     return bool(response.pollers)
+
+
+async def started_spec(client: Client, job_id: str) -> JobSpec | None:
+    """The spec job ``job_id`` runs (or ran) under; None when there is no such job.
+
+    Read from the first event of its latest run's history, the start's own input:
+    unlike the ledger's jobs row, which is written once planning is done, it is there
+    the moment the job exists, and continue-as-new carries the spec unchanged.
+    """
+    handle = client.get_workflow_handle(job_id)
+    try:
+        async for event in handle.fetch_history_events(page_size=1):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            (started,) = await client.data_converter.decode(payloads, [BatchJobInput])
+            assert isinstance(started, BatchJobInput)
+            return started.spec
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return None

@@ -22,6 +22,40 @@ class InvalidRequest(ValueError):
     """An OpenAI batch line that llm-batch cannot run (never will: not retryable)."""
 
 
+class UnsupportedParameter(InvalidRequest):
+    """A body parameter llm-batch does not run. Dropping it would answer a different
+    request than the one asked, so the line is refused; and since such a parameter
+    comes from how the caller builds every request, planning refuses the whole job
+    when its first lines carry one."""
+
+
+# Body parameters mapped onto the request (see parse_request and _sampling).
+MAPPED_PARAMETERS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "response_format",
+        "n",
+    }
+)
+# Parameters that do not change the answer: bookkeeping for the caller.
+IGNORED_PARAMETERS = frozenset({"user", "metadata", "store"})
+# Parameters accepted only at the value that asks for nothing (OpenAI's default).
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "stream": (False,),
+    "logprobs": (False,),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "logit_bias": ({},),
+}
+
+
 def parse_request(
     line: dict[str, Any], *, defaults: SamplingSpec, model: str
 ) -> tuple[str, list[dict[str, str]], SamplingSpec]:
@@ -44,6 +78,7 @@ def parse_request(
     if not isinstance(body, dict):
         raise InvalidRequest("body is missing or not an object")
     _check_model(body.get("model"), model)
+    _check_parameters(body)
     if body.get("n", 1) != 1:
         raise InvalidRequest("n other than 1 is not supported")
     return custom_id, _messages(body.get("messages")), _sampling(body, defaults)
@@ -59,6 +94,20 @@ def _check_model(named: Any, model: str) -> None:
         raise InvalidRequest(
             f"body.model {shown!r} is not this job's model {model!r}; "
             "submit lines for another model as a job of that model"
+        )
+
+
+def _check_parameters(body: dict[str, Any]) -> None:
+    for name in sorted(body):
+        if name in MAPPED_PARAMETERS or name in IGNORED_PARAMETERS:
+            continue
+        value = body[name]
+        if value is None or (name in NO_OP_VALUES and value in NO_OP_VALUES[name]):
+            continue
+        if name in NO_OP_VALUES:
+            raise UnsupportedParameter(f"body.{name}={value!r} is not supported")
+        raise UnsupportedParameter(
+            f"body.{name} is not supported; supported: {', '.join(sorted(MAPPED_PARAMETERS))}"
         )
 
 

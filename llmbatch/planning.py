@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmbatch import formats, storage
+from llmbatch import formats, openai_batch, storage
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.templates import PromptTemplate, TemplateError
 
@@ -41,8 +41,11 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor) -> InputsInfo:
     if not objects:
         raise InvalidJobSpec(f"no input objects match {', '.join(spec.inputs)}")
     fmt = spec.input_format or _detect(objects, store_for)
+    _check_has_rows(spec, objects, fmt, store_for)
     if fmt is InputFormat.OPENAI and spec.messages is not None:
         raise InvalidJobSpec("the input is OpenAI batch JSONL, which carries its own messages")
+    if fmt is InputFormat.OPENAI:
+        _check_request_sample(spec, objects[0], store_for)
     if fmt is not InputFormat.OPENAI:
         if spec.messages is None:
             raise InvalidJobSpec(f"the input is {fmt.value}: give the prompt messages")
@@ -78,11 +81,46 @@ def check_output(spec: JobSpec, store_for: StoreFor) -> None:
 def plan(spec: JobSpec, info: InputsInfo, store_for: StoreFor) -> list[formats.ShardPlan]:
     """Split every input object into shards of at most ``spec.shard_size`` rows."""
     try:
-        return formats.plan_shards(
+        shards = formats.plan_shards(
             store_for, info.objects, info.input_format, shard_size=spec.shard_size
         )
     except formats.FormatError as exc:
         raise InvalidJobSpec(str(exc)) from exc
+    if not shards:
+        # inspect_inputs saw rows in a head it could not settle (e.g. blank lines
+        # past the first 256 KiB): a job of no items has nothing to do.
+        raise InvalidJobSpec(_no_rows(spec))
+    return shards
+
+
+def _no_rows(spec: JobSpec) -> str:
+    return f"input has no rows: {', '.join(spec.inputs)}"
+
+
+def _check_has_rows(
+    spec: JobSpec, objects: list[storage.ObjectInfo], fmt: InputFormat, store_for: StoreFor
+) -> None:
+    """Refuse a job without a single row (an empty file, a CSV header alone). Objects are
+    read head first until one has a row, so a good job costs one read."""
+    try:
+        if any(formats.has_rows(store_for(o.uri), o, fmt) for o in objects):
+            return
+    except formats.FormatError as exc:
+        raise InvalidJobSpec(str(exc)) from exc
+    raise InvalidJobSpec(_no_rows(spec))
+
+
+def _check_request_sample(spec: JobSpec, obj: storage.ObjectInfo, store_for: StoreFor) -> None:
+    """Refuse OpenAI batch input whose first requests ask for a parameter llm-batch does
+    not run: every line is built alike, so the whole job would end dead-lettered.
+    Other faults of a line stay that line's (it is dead-lettered, the rest runs)."""
+    for line, request in formats.sample_objects(store_for(obj.uri), obj):
+        try:
+            openai_batch.parse_request(request, defaults=spec.sampling, model=spec.model)
+        except openai_batch.UnsupportedParameter as exc:
+            raise InvalidJobSpec(f"{obj.uri} line {line}: {exc}") from exc
+        except openai_batch.InvalidRequest:
+            continue
 
 
 def _detect(objects: list[storage.ObjectInfo], store_for: StoreFor) -> InputFormat:

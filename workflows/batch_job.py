@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import datetime
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import (
@@ -14,6 +15,8 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from llmbatch.contract import search_attributes as sa
     from llmbatch.contract.messages import (
         BatchJobInput,
@@ -62,9 +65,13 @@ class BatchJobWorkflow:
     """
 
     @workflow.init
-    def __init__(self, input: BatchJobInput) -> None:
-        self._spec = _with_job_id(input.spec)
-        self._state = input.state
+    def __init__(self, input: Any) -> None:
+        # The input arrives as plain JSON and is validated here, not by the data
+        # converter: a spec the converter refused would fail every workflow task, and
+        # the job would hang retrying instead of failing with InvalidJobSpec.
+        job, self._input_error = _job_input(input)
+        self._spec = _with_job_id(job.spec)
+        self._state = job.state
         if self._state.progress is None:
             self._state.progress = JobProgress(job_id=self._spec.job_id, model=self._spec.model)
         self._finishing = False
@@ -107,7 +114,11 @@ class BatchJobWorkflow:
     # --- the job, step by step ----------------------------------------------------------
 
     @workflow.run
-    async def run(self, input: BatchJobInput) -> JobSummary:
+    async def run(self, input: Any) -> JobSummary:
+        if self._input_error is not None:
+            raise ApplicationError(
+                self._input_error, type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            )
         _check_job_id(self._spec.job_id)
         self._name_for_web_ui()
         if self._progress.started_at is None:
@@ -361,6 +372,23 @@ class BatchJobWorkflow:
         if p.state in (JobState.RUNNING, JobState.PAUSED) and left > 0 and rate > 0:
             pace += f", ETA {format_duration(left / rate)}"
         return pace
+
+
+def _job_input(raw: Any) -> tuple[BatchJobInput, str | None]:
+    """The validated input, or a stand-in (so queries still answer) and why it is not
+    valid, in one line."""
+    try:
+        return BatchJobInput.model_validate(raw), None
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
+        )
+        spec = raw.get("spec", raw) if isinstance(raw, dict) else None  # or a bare spec
+        model = spec.get("model") if isinstance(spec, dict) else None
+        stand_in = JobSpec.model_construct(
+            job_id="", inputs=[], model=model if isinstance(model, str) else "", output_uri=""
+        )
+        return BatchJobInput.model_construct(spec=stand_in), f"invalid job: {problems}"
 
 
 def _with_job_id(spec: JobSpec) -> JobSpec:

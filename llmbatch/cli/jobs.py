@@ -13,7 +13,7 @@ from temporalio.client import Client
 from llmbatch.cli.common import CliError, emit_json, err, job_url, out, run
 from llmbatch.cli.jobview import describe_job, follow_job, print_summary, show_results
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
-from llmbatch.client import connect, model_has_worker, start_job
+from llmbatch.client import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.progress import format_duration
@@ -46,13 +46,39 @@ def submit(
             help="Refuse the job when no worker serves its model (default: warn and submit)."
         ),
     ] = False,
+    attach: Annotated[
+        bool,
+        typer.Option(help="When the job id exists, follow that job even if its spec differs."),
+    ] = False,
 ) -> None:
     """Submit a batch job (validated before anything is scheduled)."""
     settings = Settings()
     spec = job.to_spec(settings, job_id=job_id)
     if not spec.job_id:
         spec = spec.model_copy(update={"job_id": _new_job_id()})
-    run(_submit(spec, settings, wait=wait, as_json=as_json, require_worker=require_worker))
+    run(
+        _submit(
+            spec, settings, wait=wait, as_json=as_json, require_worker=require_worker, attach=attach
+        )
+    )
+
+
+async def _refuse_other_spec(client: Client, spec: JobSpec) -> None:
+    """A second submit of a job id follows the job only when it asks for the same job:
+    following another spec's job with exit 0 would pass its results off as this one's."""
+    existing = await started_spec(client, spec.job_id)
+    if existing is None:
+        return
+    # A job started without a job id (a bare spec from another client) runs under its
+    # workflow id, which is this one: the same job id.
+    existing = existing.model_copy(update={"job_id": existing.job_id or spec.job_id})
+    ours, theirs = spec.model_dump(mode="json"), existing.model_dump(mode="json")
+    differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if differ:
+        raise CliError(
+            f"job {spec.job_id} exists with a different spec; use --attach to follow it or "
+            f"pick another id (it differs in: {', '.join(differ)})"
+        )
 
 
 def _new_job_id() -> str:
@@ -60,12 +86,20 @@ def _new_job_id() -> str:
 
 
 async def _submit(
-    spec: JobSpec, settings: Settings, *, wait: bool, as_json: bool, require_worker: bool
+    spec: JobSpec,
+    settings: Settings,
+    *,
+    wait: bool,
+    as_json: bool,
+    require_worker: bool,
+    attach: bool,
 ) -> None:
     await check_inputs(spec, settings)
     client = await connect(settings)
     await _check_worker(client, spec.model, settings, require=require_worker)
     handle, started = await start_job(client, spec, settings=settings)
+    if not started and not attach:
+        await _refuse_other_spec(client, spec)
     if as_json and not wait:
         emit_json({"job_id": spec.job_id, "started": started, "run_id": handle.run_id})
         return

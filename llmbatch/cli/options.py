@@ -68,7 +68,11 @@ class JobOptions:
         The job id is ``job_id``, else the spec file's; it stays empty when neither
         gives one (submit then names the job, a schedule names each run).
         """
-        values: dict[str, Any] = json.loads(self.spec_file.read_text()) if self.spec_file else {}
+        values: dict[str, Any] = {}
+        if self.spec_file is not None:
+            values = _read_json(self.spec_file, "--spec")
+            if not isinstance(values, dict):
+                raise fail(f"--spec {self.spec_file}: a JobSpec is a JSON object")
         values["inputs"] = self.inputs
         values["model"] = self.model
         if job_id:
@@ -104,7 +108,7 @@ class JobOptions:
         if self.choices is not None:
             sampling["choice"] = [c.strip() for c in self.choices.split(",") if c.strip()]
         if self.json_schema is not None:
-            sampling["json_schema"] = json.loads(self.json_schema.read_text())
+            sampling["json_schema"] = _read_json(self.json_schema, "--json-schema")
         values["sampling"] = sampling
         # A worker resolves a relative path against its own working directory, not
         # this one: send absolute paths.
@@ -171,11 +175,15 @@ def _messages(
     if path is not None:
         if system or user:
             raise fail("give either --messages or --system/--user, not both")
+        loaded = _read_json(path, "--messages")
+        if not isinstance(loaded, list):
+            raise fail(f"--messages {path}: expected a JSON list of {{role, content}}")
         try:
-            loaded = json.loads(path.read_text())
             return [ChatMessage.model_validate(m).model_dump() for m in loaded]
-        except (OSError, ValueError) as exc:
-            raise fail(f"cannot read messages from {path}: {exc}") from None
+        except ValidationError as exc:
+            raise fail(
+                f"--messages {path}: {_validation_message(exc, 'invalid messages')}"
+            ) from None
     messages = []
     if system:
         messages.append({"role": "system", "content": system})
@@ -192,12 +200,29 @@ def _absolute(uri: str) -> str:
     return str(Path(uri).expanduser().absolute())
 
 
-def _validation_message(exc: ValidationError) -> str:
+def _read_json(path: Path, option: str) -> Any:
+    """The JSON document in the file an option names; a missing, unreadable or broken
+    file exits with one line naming the option and the file."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise fail(f"{option} {path}: no such file") from None
+    except OSError as exc:
+        raise fail(f"{option} {path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise fail(f"{option} {path}: not a text file") from None
+    except json.JSONDecodeError as exc:
+        raise fail(
+            f"{option} {path}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+
+
+def _validation_message(exc: ValidationError, prefix: str = "invalid job") -> str:
     problems = []
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"]) or "spec"
         problems.append(f"{where}: {error['msg']}")
-    return "invalid job: " + "; ".join(problems)
+    return f"{prefix}: " + "; ".join(problems)
 
 
 async def check_inputs(spec: JobSpec, settings: Settings) -> None:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmbatch.contract import uris
@@ -88,6 +89,13 @@ class SamplingSpec(_Strict):
         if self.choice is not None and len(set(self.choice)) != len(self.choice):
             raise ValueError("choice has duplicate entries")
         return self
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_json_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            _check_json_schema(value)
+        return value
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> SamplingSpec:
         """These parameters with ``overrides`` (field name to value) put over them, e.g.
@@ -192,6 +200,19 @@ class JobSpec(_Strict):
 def _no_parent_segment(uri: str, what: str) -> None:
     if uris.has_parent_segment(uri):
         raise ValueError(f"{what} URI {uri!r} has a '..' segment; name the folder directly")
+
+
+def _check_json_schema(schema: dict[str, Any]) -> None:
+    """Refuse a schema that is not a JSON Schema now, in one line, rather than let every
+    item of the job die on it in the engine's structured-output backend."""
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise ValueError(
+            f"json_schema is not a valid JSON Schema: {exc.message}"
+            + (f" (at {where})" if where else "")
+        ) from None
 
 
 def _looks_like_jsonl(uri: str) -> bool:

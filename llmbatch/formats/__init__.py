@@ -18,7 +18,9 @@ from llmbatch.formats.readers import (
     InputChanged,
     SourceRow,
     field_names,
+    has_rows,
     read_shard,
+    sample_objects,
 )
 from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, plan_shards
 from llmbatch.formats.writers import (
@@ -39,10 +41,12 @@ __all__ = [
     "csv_delimiter",
     "detect_format",
     "field_names",
+    "has_rows",
     "plan_shards",
     "read_jsonl_bytes",
     "read_parquet_bytes",
     "read_shard",
+    "sample_objects",
     "write_jsonl",
     "write_parquet",
 ]

@@ -252,3 +252,43 @@ def field_names(
         if value is not None:
             names |= value.keys()
     return names
+
+
+def has_rows(store: ObjectStore, obj: ObjectInfo, fmt: InputFormat) -> bool:
+    """Whether an input holds at least one row (a CSV header alone is none), from its
+    first bytes (Parquet: its footer). True when those do not settle it: the planner,
+    which reads everything, counts the rows anyway."""
+    if fmt is InputFormat.PARQUET:
+        return open_parquet(store, obj.uri, obj.size).metadata.num_rows > 0
+    head = store.read_range(obj.uri, 0, min(obj.size, SNIFF_BYTES))
+    if head.startswith(UTF8_BOM):
+        head = head[len(UTF8_BOM) :]
+    delimiter = csv_delimiter(obj.uri) if fmt is InputFormat.CSV else None
+    needed = 2 if delimiter is not None else 1  # a CSV's first record is its header
+    for record in scan_records([head], csv_delimiter=delimiter):
+        if not record.blank:
+            needed -= 1
+            if not needed:
+                return True
+    return obj.size > SNIFF_BYTES
+
+
+def sample_objects(
+    store: ObjectStore, obj: ObjectInfo, *, max_rows: int = 20
+) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for the JSON objects among the first ``max_rows`` lines of
+    a JSON-lines input, for checks that refuse a job before any work."""
+    head = store.read_range(obj.uri, 0, min(obj.size, SNIFF_BYTES))
+    if head.startswith(UTF8_BOM):
+        head = head[len(UTF8_BOM) :]
+    lines = head.split(b"\n")
+    if obj.size > SNIFF_BYTES:
+        lines = lines[:-1]  # the last line was cut off
+    found: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(lines, start=1):
+        if len(found) == max_rows:
+            break
+        value = first_json_object(line) if line.strip() else None
+        if value is not None:
+            found.append((number, dict(value)))
+    return found

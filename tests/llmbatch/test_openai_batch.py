@@ -5,7 +5,13 @@ from typing import Any
 import pytest
 
 from llmbatch.contract.spec import SamplingSpec
-from llmbatch.openai_batch import InvalidRequest, error_line, output_line, parse_request
+from llmbatch.openai_batch import (
+    InvalidRequest,
+    UnsupportedParameter,
+    error_line,
+    output_line,
+    parse_request,
+)
 
 
 def line(**body: Any) -> dict[str, Any]:
@@ -70,6 +76,37 @@ def test_a_line_for_another_model_is_refused_naming_both_models() -> None:
     for same in ({}, {"model": "/models/m/"}):
         body = {"messages": [{"role": "user", "content": "x"}], **same}
         parse_request({**line(), "body": body}, defaults=SamplingSpec(), model="/models/m")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"frobnicate": 1}, r"body\.frobnicate is not supported; supported: max_completion"),
+        ({"logit_bias": {"50256": -100}}, r"body\.logit_bias=\{'50256': -100\} is not supported"),
+        ({"presence_penalty": 0.5}, r"body\.presence_penalty=0\.5"),
+        ({"stream": True}, r"body\.stream=True"),
+        ({"tools": [{"type": "function"}]}, r"body\.tools is not supported"),
+    ],
+)
+def test_unsupported_body_parameters_are_named_not_dropped(
+    body: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UnsupportedParameter, match=message) as refused:
+        parse_request(line(**body), defaults=SamplingSpec(), model="m")
+    # Still an InvalidRequest: the line is dead-lettered under that class.
+    assert isinstance(refused.value, InvalidRequest)
+
+
+def test_parameters_that_ask_for_nothing_are_accepted() -> None:
+    _, _, sampling = parse_request(
+        line(
+            user="u-1", metadata={"k": "v"}, store=False, stream=False, logprobs=False,
+            frequency_penalty=0, presence_penalty=0.0, logit_bias={}, tools=None, n=1,
+            seed=3, top_p=0.5, max_tokens=9, response_format={"type": "text"},
+        ),
+        defaults=SamplingSpec(), model="m",
+    )  # fmt: skip
+    assert (sampling.seed, sampling.top_p, sampling.max_tokens) == (3, 0.5, 9)
 
 
 def test_output_and_error_lines_have_the_openai_shape() -> None:

@@ -7,6 +7,7 @@ subprocess while the test awaits it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -16,9 +17,11 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
+from llmbatch.contract.names import shard_workflow_id
 from llmbatch.demo import settings_env
 
 pytestmark = pytest.mark.slow
@@ -205,3 +208,139 @@ async def test_a_root_of_slash_lets_submit_read_any_file(stack: Settings) -> Non
         "--model", "m", "--user", "{{ no_such_field }}",
     )  # fmt: skip
     assert code == 1 and "no_such_field" in err and "LLMBATCH_LOCAL_ROOTS" not in err
+
+
+# --- refused at submit: one line, exit 1, and no workflow started --------------------
+
+
+async def assert_no_job(client: Client, job: str) -> None:
+    with pytest.raises(RPCError) as missing:
+        await client.get_workflow_handle(job).describe()
+    assert missing.value.status == RPCStatusCode.NOT_FOUND
+
+
+async def refused(
+    settings: Settings, client: Client, tmp_path: Path, *args: str, user: str | None = "{{ x }}"
+) -> str:
+    """Submit with ``args`` under a fresh job id; assert it is refused in one line with
+    exit code 1 and that no workflow was started; return the error line."""
+    job = f"refused-{uuid.uuid4().hex[:8]}"
+    prompt = ["--user", user] if user is not None else []
+    code, out, err = await cli(
+        settings, "submit", "--model", "m", "--job-id", job,
+        "--output", f"file://{tmp_path / 'out'}", *prompt, *args,
+    )  # fmt: skip
+    assert code == 1, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    await assert_no_job(client, job)
+    return lines[0]
+
+
+async def test_inputs_without_rows_are_refused_at_submit(
+    stack: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    header_only = tmp_path / "header-only.csv"
+    header_only.write_text("x,y\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    for path, user in ((header_only, "{{ x }}"), (empty, "{{ x }}"), (empty, None)):
+        line = await refused(stack, temporal_client, tmp_path, "--input", str(path), user=user)
+        assert f"input has no rows: {path}" in line
+
+
+async def test_an_invalid_json_schema_is_refused_at_submit(
+    stack: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"x": 1}\n')
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "strin"}}}))
+    line = await refused(
+        stack, temporal_client, tmp_path, "--input", str(data), "--json-schema", str(schema)
+    )
+    assert "sampling.json_schema" in line and "not a valid JSON Schema" in line
+    assert "properties/a/type" in line
+
+
+async def test_openai_requests_with_unsupported_parameters_are_refused_at_submit(
+    stack: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}
+    batch.write_text(
+        json.dumps(
+            {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+        + "\n"
+    )
+    line = await refused(stack, temporal_client, tmp_path, "--input", str(batch), user=None)
+    assert f"{batch} line 1: body.frobnicate is not supported" in line
+
+
+async def test_option_files_that_are_missing_or_not_json_are_one_line(
+    stack: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"x": 1}\n')
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    missing = tmp_path / "missing.json"
+    inputs = ("--input", str(data))
+    cases: list[tuple[tuple[str, ...], str]] = [
+        (("--spec", str(missing)), f"--spec {missing}: no such file"),
+        (("--spec", str(broken)), f"--spec {broken}: not JSON (Expecting property name"),
+        (("--spec", str(tmp_path)), f"--spec {tmp_path}: cannot read it"),
+        (("--json-schema", str(missing)), f"--json-schema {missing}: no such file"),
+        (("--json-schema", str(binary)), f"--json-schema {binary}: not a text file"),
+        (("--json-schema", str(broken)), f"--json-schema {broken}: not JSON"),
+    ]
+    for args, message in cases:
+        assert message in await refused(stack, temporal_client, tmp_path, *inputs, *args)
+    for args, message in [
+        (("--messages", str(missing)), f"--messages {missing}: no such file"),
+        (("--messages", str(broken)), f"--messages {broken}: not JSON"),
+    ]:
+        line = await refused(stack, temporal_client, tmp_path, *inputs, *args, user=None)
+        assert message in line
+
+
+async def test_an_existing_job_id_with_another_spec_is_refused_unless_attached(
+    stack: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"x": 1}\n')
+    job = f"cli-resubmit-{uuid.uuid4().hex[:8]}"
+    # No GPU worker serves model "m": the job stays running while we resubmit.
+    args = [
+        "submit", "--input", str(data), "--model", "m", "--job-id", job, "--user", "{{ x }}",
+        "--output", f"file://{tmp_path / 'out'}", "--json",
+    ]  # fmt: skip
+    try:
+        code, out, err = await cli(stack, *args)
+        assert code == 0, err
+        first = json.loads(out)
+
+        code, out, err = await cli(stack, *args)  # the same spec: the same job
+        assert code == 0, err
+        assert (json.loads(out)["started"], json.loads(out)["run_id"]) == (False, first["run_id"])
+
+        code, out, err = await cli(stack, *args, "--max-tokens", "7")
+        assert code == 1 and out == ""
+        assert err.strip().splitlines() == [
+            f"error: job {job} exists with a different spec; use --attach to follow it or "
+            "pick another id (it differs in: sampling)"
+        ]
+
+        code, out, err = await cli(stack, *args, "--max-tokens", "7", "--attach")
+        assert code == 0, err
+        assert (json.loads(out)["started"], json.loads(out)["run_id"]) == (False, first["run_id"])
+        runs = [e async for e in temporal_client.list_workflows(f"WorkflowId = '{job}'")]
+        assert len(runs) == 1
+    finally:
+        # Its one shard too, should a CPU worker of this session have planned it.
+        for workflow_id in (job, shard_workflow_id(job, 0)):
+            with contextlib.suppress(RPCError):
+                await temporal_client.get_workflow_handle(workflow_id).terminate("test done")

@@ -47,6 +47,12 @@ def test_a_minimal_spec_has_working_defaults() -> None:
         ({"output_uri": "http://host/out"}, "unsupported scheme 'http'"),
         ({"inputs": ["/data/../etc/os-release"]}, "input URI .* has a '..' segment"),
         ({"inputs": ["s3://b/in/../x.csv"]}, "has a '..' segment"),
+        ({"sampling": {"json_schema": {"type": "objekt"}}}, "not a valid JSON Schema.*at type"),
+        (
+            {"sampling": {"json_schema": {"properties": {"a": {"type": 12}}}}},
+            "at properties/a/type",
+        ),
+        ({"sampling": {"json_schema": {"required": "a"}}}, "not a valid JSON Schema"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_problem(overrides: dict[str, Any], message: str) -> None:
@@ -96,3 +102,12 @@ def test_sampling_overrides_win_and_are_validated_as_a_whole() -> None:
 )
 def test_outputs_in_a_supported_scheme_without_parent_segments_are_taken(output: str) -> None:
     assert spec(output_uri=output).output_uri == output
+
+
+def test_a_valid_json_schema_is_kept_as_given() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["a", "b"]}, "score": {"type": "number"}},
+        "required": ["label"],
+    }
+    assert spec(sampling={"json_schema": schema}).sampling.json_schema == schema
