@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from llmbatch.templates import RenderLimits
+
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
 
@@ -68,6 +70,25 @@ class Settings(BaseSettings):
     s3_access_key_id: SecretStr = SecretStr("llmbatch")
     s3_secret_access_key: SecretStr = SecretStr("llmbatch-secret")
     s3_bucket: str = "llm-batch"
+
+    # Prompt templates are caller input: a row's render is bounded (llmbatch.render_pool).
+    render_timeout_s: float = Field(
+        default=5.0, gt=0, description="Wall-clock limit for rendering one row's prompt."
+    )
+    render_max_bytes: int = Field(
+        default=4 << 20, gt=0, description="Largest rendered prompt (all messages) of a row."
+    )
+    render_max_memory_mb: int = Field(
+        default=1024, gt=0, description="Memory a render process may take beyond its start."
+    )
+
+    @property
+    def render_limits(self) -> RenderLimits:
+        return RenderLimits(
+            timeout_s=self.render_timeout_s,
+            max_bytes=self.render_max_bytes,
+            max_memory_bytes=self.render_max_memory_mb << 20,
+        )
 
     @classmethod
     def settings_customise_sources(

@@ -21,7 +21,7 @@ def test_renders_fields_and_lists_them() -> None:
 
 
 def test_missing_field_is_an_error_not_an_empty_string() -> None:
-    with pytest.raises(TemplateError, match="'City' is undefined"):
+    with pytest.raises(TemplateError, match="field.s. missing in row: City"):
         template("{{ City }}").render({})
 
 
