@@ -19,6 +19,7 @@ from llmbatch.formats.readers import (
     SourceRow,
     field_names,
     read_shard,
+    sample_row,
 )
 from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, plan_shards
 from llmbatch.formats.writers import (
@@ -43,6 +44,7 @@ __all__ = [
     "read_jsonl_bytes",
     "read_parquet_bytes",
     "read_shard",
+    "sample_row",
     "write_jsonl",
     "write_parquet",
 ]
