@@ -148,9 +148,16 @@ class _Child:
                 stdin=subprocess.DEVNULL,
             )
         self.conn = Connection(parent.detach())
-        # Wait for the child's imports here, so that they never count against a row.
-        if not self.conn.poll(START_TIMEOUT_S) or _received(self.conn) != _READY:
-            self.kill()
+
+    # Callers wait for the child's imports before they send rows, so that the imports
+    # never count against a row's time.
+
+    async def ready(self) -> None:
+        if await self.answer(START_TIMEOUT_S) != _READY:
+            raise RuntimeError(f"a render process did not start within {START_TIMEOUT_S:g} s")
+
+    def ready_sync(self) -> None:
+        if self.answer_sync(START_TIMEOUT_S) != _READY:
             raise RuntimeError(f"a render process did not start within {START_TIMEOUT_S:g} s")
 
     def alive(self) -> bool:
@@ -268,8 +275,13 @@ class RenderPool:
                 self._busy.add(child)
                 return child
             child.kill()
-        child = await asyncio.to_thread(_Child, self.limits)
+        child = _Child(self.limits)
         self._busy.add(child)
+        try:
+            await child.ready()
+        except BaseException:
+            self._discard(child)  # cancelled while it started, or it never did
+            raise
         return child
 
     def _give_back(self, child: _Child) -> None:
@@ -291,6 +303,7 @@ def render_isolated(
     the check at submit, which runs in a thread)."""
     child = _Child(limits)
     try:
+        child.ready_sync()
         child.conn.send((_messages_key(messages), [dict(row)]))
         answer = child.answer_sync(limits.timeout_s + KILL_GRACE_S)
         return (
