@@ -44,8 +44,9 @@ Messages = tuple[tuple[str, str], ...]
 KILL_GRACE_S = 2.0
 # Starting a child (a fresh interpreter importing Jinja) takes this long at most.
 START_TIMEOUT_S = 60.0
-# Rows sent to a child at once; answers come back one by one.
-CHUNK_ROWS = 256
+# Rows sent to a child at once (answers come back one by one). Sending blocks the event
+# loop while the bytes go out: 64 rows of at most max_row_bytes each keep that short.
+CHUNK_ROWS = 64
 
 _READY = "ready"
 _DIED = "died"
