@@ -147,6 +147,8 @@ class _Child:
                 [sys.executable, "-m", __name__, str(child.fileno()), json.dumps(asdict(limits))],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
+                # The same llmbatch as the worker's, wherever that was imported from.
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             )
         self.conn = Connection(parent.detach())
 
