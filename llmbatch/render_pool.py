@@ -2,8 +2,8 @@
 
 A template can loop for hours in pure Python. Rendered in the worker's own process
 it would block the event loop that heartbeats, answers Temporal and handles SIGTERM,
-and a thread cannot be stopped. So rows render in a child process (``spawn``: no
-copy of the worker's sockets, threads or event loop):
+and a thread cannot be stopped. So rows render in a child process (a fresh
+interpreter: no copy of the worker's sockets, threads or event loop):
 
 - the child stops a row itself when it passes ``RenderLimits.timeout_s`` (SIGALRM
   raises in the template's Python code, the cheap path), and caps its own memory
@@ -48,6 +48,8 @@ START_TIMEOUT_S = 60.0
 # loop while the bytes go out: 64 rows of at most max_row_bytes each keep that short.
 CHUNK_ROWS = 64
 
+# Compiled templates a child keeps for the next shard of the same job.
+_KEEP_TEMPLATES = 16
 _READY = "ready"
 _DIED = "died"
 _LATE = "late"
@@ -88,7 +90,8 @@ def _cap_memory(extra_bytes: int) -> None:
 
 
 def _child_main(conn: Connection, limits: RenderLimits) -> None:
-    # The worker's SIGINT/SIGTERM are the worker's to handle: it kills this process.
+    # Ctrl-C reaches the whole process group: stopping is the worker's to decide, and
+    # it kills this process when it does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _on_alarm)
     with contextlib.suppress(OSError, ValueError):
@@ -108,6 +111,8 @@ def _child_main(conn: Connection, limits: RenderLimits) -> None:
                 )
             except TemplateError as exc:
                 template = exc
+            if len(templates) >= _KEEP_TEMPLATES:
+                templates.clear()  # one per job: a long-lived child sees many jobs
             templates[messages] = template
         for row in rows:
             conn.send(_render_one(template, row, limits))
