@@ -13,6 +13,7 @@ import asyncpg
 
 from llmbatch import storage, telemetry
 from llmbatch.config import Settings
+from llmbatch.render_pool import RenderPool
 
 
 @dataclass
@@ -20,10 +21,17 @@ class ActivityContext:
     settings: Settings
     pool: asyncpg.Pool
     store: storage.Stores = field(init=False)
+    renders: RenderPool = field(init=False)
 
     def __post_init__(self) -> None:
         # The store for a URI's scheme, created once per worker process.
         self.store = storage.Stores(self.settings)
+        # Render processes start on first use; whoever builds the context closes it.
+        self.renders = RenderPool(self.settings.render_limits)
+
+    def close(self) -> None:
+        """Kill the render processes (a runaway render included)."""
+        self.renders.close()
 
     # boto3 and file I/O block: run them off the event loop that also drives the
     # Temporal worker and, on GPU workers, the engine.

@@ -35,7 +35,9 @@ class PlanningActivities:
         thousands of shards, far more than a Temporal payload may carry.
         """
         try:
-            info = await asyncio.to_thread(planning.inspect_inputs, spec, self._ctx.store)
+            info = await asyncio.to_thread(
+                planning.inspect_inputs, spec, self._ctx.store, self._ctx.settings.render_limits
+            )
             shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
         except planning.InvalidJobSpec as exc:
             raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from temporalio import activity
@@ -15,7 +16,8 @@ from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
-from llmbatch.templates import PromptTemplate, TemplateError
+from llmbatch.render_pool import Rendered
+from llmbatch.templates import TemplateError
 
 
 class RenderActivities:
@@ -27,8 +29,21 @@ class RenderActivities:
         """Render every row; rows that can never run go to the dead list right here."""
         layout, spec, shard = input.layout, input.spec, input.shard
         rows = list(load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow))
+        # Templates render in child processes (llmbatch.render_pool): a runaway one
+        # costs its rows their time limit, never this worker's event loop.
+        templated = _templated(rows, layout.input_format)
+        outcomes = (
+            await self._ctx.renders.render(spec.messages, [rows[i].fields or {} for i in templated])
+            if templated and spec.messages
+            else []
+        )
         requests, dead = _render(
-            spec, layout.input_format, rows, shard=shard, overrides=input.sampling_overrides
+            spec,
+            layout.input_format,
+            rows,
+            shard=shard,
+            overrides=input.sampling_overrides,
+            rendered=dict(zip(templated, outcomes, strict=True)),
         )
         registered = await ledger.register_items(
             self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(rows, requests)
@@ -100,6 +115,13 @@ def _new_items(rows: list[StagedRow], requests: dict[str, StagedRequest]) -> lis
     ]
 
 
+def _templated(rows: list[StagedRow], fmt: InputFormat) -> list[int]:
+    """Positions of the rows whose prompt comes from the job's template."""
+    if fmt is InputFormat.OPENAI:
+        return []
+    return [i for i, row in enumerate(rows) if row.error_class is None and row.fields is not None]
+
+
 def _render(
     spec: JobSpec,
     fmt: InputFormat,
@@ -107,8 +129,10 @@ def _render(
     *,
     shard: int,
     overrides: dict[str, Any],
+    rendered: Mapping[int, Rendered],
 ) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
-    template = PromptTemplate(spec.messages) if spec.messages else None
+    """Staged requests and dead items for ``rows``; ``rendered`` holds the template's
+    outcome for the rows at the positions :func:`_templated` gives."""
     # A re-drive's sampling fields win over the job's and the request's own.
     default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
@@ -125,7 +149,7 @@ def _render(
             )
         )
 
-    for row in rows:
+    for index, row in enumerate(rows):
         if row.error_class is not None or row.fields is None:
             fail(
                 row, row.error_class or ErrorClass.INVALID_ROW, row.error or "row could not be read"
@@ -141,12 +165,12 @@ def _render(
                 continue
             sampling = own.with_overrides(overrides)
         else:
-            assert template is not None  # JobSpec refuses a non-OpenAI job without messages
-            try:
-                messages = template.render(row.fields)
-            except TemplateError as exc:
-                fail(row, ErrorClass.TEMPLATE_ERROR, str(exc))
+            outcome = rendered[index]
+            if isinstance(outcome, TemplateError):
+                # Whatever failed (the template, its time or size limit): this row only.
+                fail(row, ErrorClass.TEMPLATE_ERROR, str(outcome))
                 continue
+            messages = outcome
             sampling = default
         requests[row.item_id] = StagedRequest(
             item_id=row.item_id,

@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from llmbatch.contract.names import GENERATE
+from llmbatch.templates import RenderLimits
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
@@ -103,6 +104,25 @@ class Settings(BaseSettings):
     def _absolute_roots(cls, value: list[Path]) -> list[Path]:
         # Fixed now: a relative root must not move with a later chdir.
         return [p.expanduser().absolute() for p in value]
+
+    # Prompt templates are caller input: a row's render is bounded (llmbatch.render_pool).
+    render_timeout_s: float = Field(
+        default=5.0, gt=0, description="Wall-clock limit for rendering one row's prompt."
+    )
+    render_max_bytes: int = Field(
+        default=4 << 20, gt=0, description="Largest rendered prompt (all messages) of a row."
+    )
+    render_max_memory_mb: int = Field(
+        default=1024, gt=0, description="Memory a render process may take beyond its start."
+    )
+
+    @property
+    def render_limits(self) -> RenderLimits:
+        return RenderLimits(
+            timeout_s=self.render_timeout_s,
+            max_bytes=self.render_max_bytes,
+            max_memory_bytes=self.render_max_memory_mb << 20,
+        )
 
     @classmethod
     def settings_customise_sources(

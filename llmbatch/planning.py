@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from llmbatch import formats, openai_batch, storage
 from llmbatch.contract.spec import InputFormat, JobSpec
-from llmbatch.templates import PromptTemplate, TemplateError
+from llmbatch.render_pool import render_isolated
+from llmbatch.templates import PromptTemplate, RenderLimits, TemplateError
 
 StoreFor = Callable[[str], storage.ObjectStore]
 
@@ -26,9 +27,10 @@ class InputsInfo:
     input_format: InputFormat
 
 
-def inspect_inputs(spec: JobSpec, store_for: StoreFor) -> InputsInfo:
+def inspect_inputs(spec: JobSpec, store_for: StoreFor, limits: RenderLimits) -> InputsInfo:
     """Check the output can be written, list the inputs, settle their format and
-    check the prompt against their fields."""
+    check the prompt against their fields and on their first readable row, rendered
+    under ``limits`` as every row will be."""
     check_output(spec, store_for)
     objects: list[storage.ObjectInfo] = []
     for uri in spec.inputs:
@@ -65,6 +67,7 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor) -> InputsInfo:
             )
         if spec.id_field is not None and fields and spec.id_field not in fields:
             raise InvalidJobSpec(f"id field {spec.id_field!r} is not a field of {objects[0].uri}")
+        _try_on_sample(spec, template, store_for, objects[0], fmt, limits)
     return InputsInfo(objects=objects, input_format=fmt)
 
 
@@ -76,6 +79,29 @@ def check_output(spec: JobSpec, store_for: StoreFor) -> None:
         store_for(spec.output_uri).check_output(spec.output_uri)
     except storage.StorageError as exc:
         raise InvalidJobSpec(f"cannot write output {spec.output_uri}: {exc}") from exc
+
+
+def _try_on_sample(
+    spec: JobSpec,
+    template: PromptTemplate,
+    store_for: StoreFor,
+    obj: storage.ObjectInfo,
+    fmt: InputFormat,
+    limits: RenderLimits,
+) -> None:
+    """A template that fails on the first row (an unsafe attribute, a loop past its
+    time, a prompt past its size) would fail on most: refuse it before any work."""
+    if spec.messages is None:
+        return
+    try:
+        row = formats.sample_row(store_for(obj.uri), obj, fmt, max_row_bytes=spec.max_row_bytes)
+    except formats.FormatError as exc:
+        raise InvalidJobSpec(str(exc)) from exc
+    if row is None or template.missing_fields(set(row)):
+        return  # no row to try, or one the template cannot fill: that row is its own error
+    outcome = render_isolated(spec.messages, row, limits)
+    if isinstance(outcome, TemplateError):
+        raise InvalidJobSpec(f"the prompt fails on the first row of {obj.uri}: {outcome}")
 
 
 def plan(spec: JobSpec, info: InputsInfo, store_for: StoreFor) -> list[formats.ShardPlan]:

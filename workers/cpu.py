@@ -58,10 +58,14 @@ async def cpu_worker(settings: Settings, *, client: Client | None = None) -> Asy
     """Run a CPU worker for the duration of the block (used by the CLI and tests)."""
     client = client or await connect(settings)
     pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    ctx = ActivityContext(settings=settings, pool=pool)
     try:
-        async with build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)) as w:
+        async with build_cpu_worker(client, ctx) as w:
             yield w
     finally:
+        # Stopping the worker cancels its activities, and a cancelled render kills its
+        # child at once, however long the template runs; idle render processes go here.
+        ctx.close()
         await pool.close()
 
 

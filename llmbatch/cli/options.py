@@ -227,5 +227,8 @@ def _validation_message(exc: ValidationError, prefix: str = "invalid job") -> st
 
 async def check_inputs(spec: JobSpec, settings: Settings) -> None:
     """The check the plan_job activity runs (inputs exist and are readable, the prompt's
-    fields are there), here for an answer before anything is scheduled."""
-    await asyncio.to_thread(planning.inspect_inputs, spec, storage.Stores(settings))
+    fields are there, it renders the first row), here for an answer before anything is
+    scheduled."""
+    await asyncio.to_thread(
+        planning.inspect_inputs, spec, storage.Stores(settings), settings.render_limits
+    )

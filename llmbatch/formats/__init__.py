@@ -21,6 +21,7 @@ from llmbatch.formats.readers import (
     has_rows,
     read_shard,
     sample_objects,
+    sample_row,
 )
 from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, plan_shards
 from llmbatch.formats.writers import (
@@ -47,6 +48,7 @@ __all__ = [
     "read_parquet_bytes",
     "read_shard",
     "sample_objects",
+    "sample_row",
     "write_jsonl",
     "write_parquet",
 ]

@@ -292,3 +292,40 @@ def sample_objects(
         if value is not None:
             found.append((number, dict(value)))
     return found
+
+
+def sample_row(
+    store: ObjectStore, obj: ObjectInfo, fmt: InputFormat, *, max_row_bytes: int = MAX_ROW_BYTES
+) -> dict[str, Any] | None:
+    """The first readable row of an input, read from its first bytes (Parquet: its
+    first row), to try the prompt on before any work; None when there is none there."""
+    if fmt is InputFormat.PARQUET:
+        pf = open_parquet(store, obj.uri, obj.size)
+        for batch in pf.iter_batches(batch_size=1, use_threads=False):
+            for raw in batch.to_pylist():
+                return {str(k): jsonable(v) for k, v in raw.items()}
+        return None
+    head = store.read_range(obj.uri, 0, min(obj.size, SNIFF_BYTES))
+    if head.startswith(UTF8_BOM):
+        head = head[len(UTF8_BOM) :]
+    cut = obj.size > SNIFF_BYTES
+    delimiter = csv_delimiter(obj.uri) if fmt is InputFormat.CSV else None
+    header: list[str] | None = None
+    for record in scan_records([head], csv_delimiter=delimiter, keep_bytes=len(head)):
+        if record.blank:
+            continue
+        if record.data is None or (cut and record.end == len(head)):
+            return None  # the record goes on past what was read
+        if delimiter is not None and header is None:
+            header = parse_header(record.data, obj.uri, delimiter)
+            continue
+        fields, _, _ = _parse(
+            record.data,
+            size=record.end - record.start,
+            header=header,
+            delimiter=delimiter or ",",
+            max_row_bytes=max_row_bytes,
+        )
+        if fields is not None:
+            return fields
+    return None

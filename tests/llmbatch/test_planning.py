@@ -16,7 +16,8 @@ from llmbatch.contract.spec import ChatMessage, JobSpec
 from llmbatch.formats.detection import SNIFF_BYTES
 
 # Roots are not what these tests are about: every local path may be read here.
-STORES = storage.Stores(Settings(local_roots=[Path("/")]))
+SETTINGS = Settings(local_roots=[Path("/")])
+STORES = storage.Stores(SETTINGS)
 
 
 def job(path: Path, **overrides: Any) -> JobSpec:
@@ -63,20 +64,20 @@ def test_input_without_rows_is_refused(tmp_path: Path, name: str, content: bytes
     else:
         path.write_bytes(content)
     with pytest.raises(planning.InvalidJobSpec, match=f"^input has no rows: {path}$"):
-        planning.inspect_inputs(job(path), STORES)
+        planning.inspect_inputs(job(path), STORES, SETTINGS.render_limits)
 
 
 def test_empty_openai_batch_input_is_refused_as_empty_not_as_promptless(tmp_path: Path) -> None:
     path = tmp_path / "batch.jsonl"
     path.write_bytes(b"")
     with pytest.raises(planning.InvalidJobSpec, match="input has no rows"):
-        planning.inspect_inputs(job(path, messages=None), STORES)
+        planning.inspect_inputs(job(path, messages=None), STORES, SETTINGS.render_limits)
 
 
 def test_one_input_with_rows_among_empty_ones_is_enough(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("text\n")
     (tmp_path / "b.csv").write_text("text\nhello\n")
-    info = planning.inspect_inputs(job(tmp_path / "*.csv"), STORES)
+    info = planning.inspect_inputs(job(tmp_path / "*.csv"), STORES, SETTINGS.render_limits)
     shards = planning.plan(job(tmp_path / "*.csv"), info, STORES)
     assert [s.row_count for s in shards] == [1]
 
@@ -85,7 +86,7 @@ def test_rows_the_head_cannot_settle_are_counted_by_the_plan(tmp_path: Path) -> 
     # Blank lines past the bytes inspect_inputs reads: only the full scan sees no row.
     path = tmp_path / "blank.jsonl"
     path.write_bytes(b"\n" * (SNIFF_BYTES + 10))
-    info = planning.inspect_inputs(job(path), STORES)
+    info = planning.inspect_inputs(job(path), STORES, SETTINGS.render_limits)
     with pytest.raises(planning.InvalidJobSpec, match="input has no rows"):
         planning.plan(job(path), info, STORES)
 
@@ -96,7 +97,7 @@ def test_openai_input_asking_for_unsupported_parameters_is_refused(tmp_path: Pat
     with pytest.raises(
         planning.InvalidJobSpec, match=rf"^{path} line 2: body\.frobnicate is not supported"
     ):
-        planning.inspect_inputs(job(path, messages=None), STORES)
+        planning.inspect_inputs(job(path, messages=None), STORES, SETTINGS.render_limits)
 
 
 def test_openai_lines_with_other_faults_are_left_to_the_dead_letters(tmp_path: Path) -> None:
@@ -105,5 +106,5 @@ def test_openai_lines_with_other_faults_are_left_to_the_dead_letters(tmp_path: P
     bad = json.loads(request("b"))
     bad["url"] = "/v1/embeddings"
     path.write_text(request("a", logit_bias={}) + "\n" + json.dumps(bad) + "\n")
-    info = planning.inspect_inputs(job(path, messages=None), STORES)
+    info = planning.inspect_inputs(job(path, messages=None), STORES, SETTINGS.render_limits)
     assert info.input_format == "openai"

@@ -70,6 +70,29 @@ async def test_bad_submissions_fail_in_one_line(stack: Settings, tmp_path: Path)
     assert code == 1 and "at most one structured-output constraint" in err
 
 
+async def test_submit_refuses_a_template_that_fails_on_the_first_row(
+    stack: Settings, tmp_path: Path
+) -> None:
+    data = tmp_path / "rows.csv"
+    data.write_text("name,city\n\nAcme Secret Labs,Lyon\nB,C\n")
+    quick = stack.model_copy(update={"render_timeout_s": 1})
+    cases = {
+        "{{ name.__class__ }}": "unsafe attribute or call '__class__' (SecurityError)",
+        "{{ name * 100000000 }}": "too large",
+        "{{ {'a': 1}[name] }}": "undefined attribute or item (UndefinedError)",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": (
+            "took longer than the 1 s limit per row"
+        ),
+    }
+    for template, words in cases.items():
+        code, _, err = await cli(
+            quick, "submit", "--input", str(data), "--model", "m", "--user", template
+        )
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert f"the prompt fails on the first row of {data}" in err and words in err, err
+        assert "Secret" not in err
+
+
 async def test_submit_wait_status_results(
     workers: Settings, tmp_path: Path, model_name: str
 ) -> None:
