@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import (
@@ -23,6 +23,9 @@ from pydantic_settings import (
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
+REDACTED = "***"
+# Query parameters that carry a credential in a DSN (libpq's password, sslpassword).
+_SECRET_PARAMS = ("password", "secret", "token")
 
 
 def _config_file() -> Path | None:
@@ -122,3 +125,31 @@ def model_slug(model: str) -> str:
     if name.startswith(("/", ".", "~")):
         name = name.rsplit("/", 1)[-1]
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-").lower() or "model"
+
+
+def redact(url: str) -> str:
+    """``url`` (a DSN or an endpoint) with every credential in it replaced by ``***``.
+
+    The one place secrets are taken out of what llm-batch prints, logs or raises:
+    a DSN may carry a password in its user part or its query string, and neither may
+    reach a terminal, a log file or an error message.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        # Unparseable: it may still hold a password, so show nothing of it.
+        return REDACTED
+    netloc = parts.netloc
+    if password is not None:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{REDACTED}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, REDACTED if any(s in k.lower() for s in _SECRET_PARAMS) else v) for k, v in pairs],
+            safe="*",
+        )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
