@@ -42,6 +42,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
         activities=[
             planning.plan_job,
             planning.finalize_job,
+            planning.record_job_end,
             fetch.fetch_shard,
             render.render_prompts,
             write.write_shard,
