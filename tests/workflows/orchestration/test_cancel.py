@@ -8,7 +8,6 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import CancelledError
 
 from llmbatch.contract.messages import ShardSummary
-from llmbatch.contract.states import JobState
 from llmbatch.contract.names import (
     FETCH_SHARD,
     GENERATE,
@@ -17,6 +16,7 @@ from llmbatch.contract.names import (
     WRITE_SHARD,
     shard_workflow_id,
 )
+from llmbatch.contract.states import JobState
 from tests.workflows.orchestration.harness import orchestrate, result_of
 from tests.workflows.orchestration.stand_ins import rows_of
 
