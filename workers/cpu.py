@@ -20,6 +20,7 @@ from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from workers.heartbeat import BackgroundHeartbeatInterceptor
+from workers.preflight import CONNECTION_ERRORS, check_services, connection_lost
 from workers.shutdown import wait_for_stop_signal
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
@@ -67,11 +68,22 @@ async def cpu_worker(settings: Settings, *, client: Client | None = None) -> Asy
 
 
 async def run_cpu_worker(settings: Settings) -> None:
-    """Run until SIGINT/SIGTERM."""
+    """Check the services, then run until SIGINT/SIGTERM.
+
+    Raises StartupCheckFailed when a service is unreachable or misconfigured, and
+    ConnectionLost when one goes away while the worker runs or stops: one line each.
+    """
     telemetry.install(component="cpu-worker")
-    async with cpu_worker(settings):
-        print(f"cpu worker polling {settings.cpu_task_queue} on {settings.temporal_address}")
-        await wait_for_stop_signal()
+    client = await check_services(settings)
+    try:
+        async with cpu_worker(settings, client=client):
+            print(
+                f"cpu worker polling {settings.cpu_task_queue} on {settings.temporal_address}",
+                flush=True,
+            )
+            await wait_for_stop_signal()
+    except CONNECTION_ERRORS as exc:
+        raise connection_lost("cpu worker", exc) from exc
 
 
 def main(settings: Settings | None = None) -> None:

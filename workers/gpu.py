@@ -23,6 +23,7 @@ from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from llmbatch.engine import Engine, EngineOptions
+from workers.preflight import CONNECTION_ERRORS, check_services, connection_lost
 from workers.shutdown import wait_for_stop_signal
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ async def run_gpu_worker(
 ) -> int:
     """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
     telemetry.install(component="gpu-worker")
+    # The cheap checks first: a bad DSN fails in a second, not after the model loads.
+    client = await check_services(settings)
     engine = await Engine.start(options)
     dead = asyncio.Event()
 
@@ -108,6 +111,7 @@ async def run_gpu_worker(
             settings,
             engine,
             model=options.model,
+            client=client,
             max_concurrent_activities=max_concurrent_activities,
             max_in_flight=max_in_flight,
             on_engine_dead=engine_died,
@@ -118,6 +122,8 @@ async def run_gpu_worker(
                 flush=True,
             )
             await wait_for_stop_signal(dead)
+    except CONNECTION_ERRORS as exc:
+        raise connection_lost("gpu worker", exc) from exc
     finally:
         engine.shutdown()
     return 1 if dead.is_set() else 0
