@@ -20,8 +20,8 @@ from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from workers.heartbeat import BackgroundHeartbeatInterceptor
-from workers.preflight import CONNECTION_ERRORS, check_services, connection_lost
-from workers.shutdown import wait_for_stop_signal
+from workers.preflight import check_services
+from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
 from workflows.shard import ShardWorkflow
@@ -75,15 +75,19 @@ async def run_cpu_worker(settings: Settings) -> None:
     """
     telemetry.install(component="cpu-worker")
     client = await check_services(settings)
+    name = "cpu worker"
     try:
-        async with cpu_worker(settings, client=client):
-            print(
-                f"cpu worker polling {settings.cpu_task_queue} on {settings.temporal_address}",
-                flush=True,
+        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        try:
+            await serve(
+                build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)),
+                name=name,
+                ready=f"{name} polling {settings.cpu_task_queue} on {settings.temporal_address}",
             )
-            await wait_for_stop_signal()
+        finally:
+            await pool.close()
     except CONNECTION_ERRORS as exc:
-        raise connection_lost("cpu worker", exc) from exc
+        raise connection_lost(name, exc) from exc
 
 
 def main(settings: Settings | None = None) -> None:

@@ -35,28 +35,6 @@ class StartupCheckFailed(RuntimeError):
     line naming it and where it is, with no secret in it."""
 
 
-class ConnectionLost(RuntimeError):
-    """A service went away while a worker ran or stopped; one line, like the above."""
-
-
-# What a lost Temporal, Postgres or S3 connection raises out of a running worker.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    RPCError,
-    BotoCoreError,
-)
-
-
-def connection_lost(worker: str, exc: BaseException) -> ConnectionLost:
-    """The one line a worker stops with when a connection went away under it."""
-    return ConnectionLost(
-        f"{worker} stopped: a connection was lost: {type(exc).__name__}: {one_line(exc)}"
-    )
-
-
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (drivers' messages span several)."""
     return " ".join(str(exc).split()) or type(exc).__name__

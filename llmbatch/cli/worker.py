@@ -32,7 +32,8 @@ ENGINE_ARGS_HELP = (
 def cpu() -> None:
     """Run the workflows and the CPU activities (read, render, write)."""
     from workers import cpu as cpu_worker
-    from workers.preflight import ConnectionLost, StartupCheckFailed
+    from workers.preflight import StartupCheckFailed
+    from workers.shutdown import ConnectionLost
 
     try:
         cpu_worker.main(Settings())
@@ -81,7 +82,8 @@ def gpu(
 
     Engine options are vLLM's own engine arguments, given with the options here.
     """
-    from workers.preflight import ConnectionLost, StartupCheckFailed, check_now
+    from workers.preflight import StartupCheckFailed, check_now
+    from workers.shutdown import ConnectionLost
 
     settings = Settings()
     try:

@@ -7,13 +7,18 @@ one line on stderr naming the service and where it is, and no password anywhere.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from llmbatch.config import Settings
 from llmbatch.demo import settings_env
@@ -24,6 +29,9 @@ PASSWORD = "pw-never-shown"
 # Python start-up and imports take a few seconds on a loaded machine; a check that
 # waited for a timeout of its own, or loaded an engine, would take far longer.
 WITHIN_S = 30.0
+# How long Temporal is gone before a worker is stopped: long enough for its polls to
+# have failed (the worker retries them for a few seconds).
+LOST_FOR_S = 3.0
 
 
 def with_password(dsn: str) -> str:
@@ -56,7 +64,6 @@ def assert_one_line(done: subprocess.CompletedProcess[str], elapsed: float, *exp
     for fragment in expected:
         assert fragment in line, line
     assert PASSWORD not in done.stdout + done.stderr
-    assert "polling" not in done.stdout  # it never started
     assert elapsed < WITHIN_S
     return line
 
@@ -124,6 +131,7 @@ def test_cpu_worker_stops_at_start_with_one_line(stack: Settings, case: Case) ->
     overrides, expected = case(stack)
     done, elapsed = start_worker(stack, overrides, "cpu")
     assert_one_line(done, elapsed, *expected)
+    assert "polling" not in done.stdout  # stopped before it polled
 
 
 def test_cpu_worker_refuses_a_database_without_migrations(
@@ -142,3 +150,34 @@ def test_gpu_worker_checks_postgres_before_it_loads_the_engine(stack: Settings) 
     )
     line = assert_one_line(done, elapsed, *expected)
     assert "model" not in line
+
+
+async def test_cpu_worker_that_loses_temporal_stops_with_one_line(stack: Settings) -> None:
+    """Temporal goes away under a polling worker; stopped then, the worker says so in
+    one line (exit code 1) instead of a traceback."""
+    env = await WorkflowEnvironment.start_local(
+        namespace=stack.temporal_namespace,
+        dev_server_existing_path=shutil.which("temporal")
+        or str(Path(sys.executable).parent / "temporal"),
+    )
+    address = env.client.service_client.config.target_host
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmbatch.cli.main", "worker", "cpu",
+        env={**os.environ, **settings_env(stack), "LLMBATCH_TEMPORAL_ADDRESS": address},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = await asyncio.wait_for(proc.stdout.readline(), WITHIN_S)
+        assert b"polling" in first
+    finally:
+        await env.shutdown()
+    await asyncio.sleep(LOST_FOR_S)  # its polls fail meanwhile
+    proc.send_signal(signal.SIGTERM)
+    began = time.monotonic()
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), WITHIN_S * 4)
+    done = subprocess.CompletedProcess(
+        ["worker", "cpu"], proc.returncode, (first + stdout).decode(), stderr.decode()
+    )
+    assert_one_line(done, time.monotonic() - began, "cpu worker stopped", "Temporal")
