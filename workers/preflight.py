@@ -22,6 +22,7 @@ from llmbatch import storage
 from llmbatch.client import TemporalUnavailable, connect
 from llmbatch.config import Settings, redact
 from llmbatch.migrate import MigrationError, load_migrations
+from workers.shutdown import one_line
 
 # Each check gives up after this long: a service that does not answer within it is
 # as good as absent for a worker that is starting.
@@ -33,11 +34,6 @@ _BAD_CREDENTIALS_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "Signatur
 class StartupCheckFailed(RuntimeError):
     """A service a worker needs is unreachable or misconfigured; the message is one
     line naming it and where it is, with no secret in it."""
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (drivers' messages span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 async def check_services(settings: Settings) -> Client:

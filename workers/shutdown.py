@@ -46,18 +46,20 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 def connection_lost(name: str, exc: BaseException) -> ConnectionLost:
     """The one line a worker stops with when a connection went away under it."""
-    return ConnectionLost(f"{name} stopped: a connection was lost: {_one_line(exc)}")
+    return ConnectionLost(
+        f"{name} stopped: a connection was lost: {type(exc).__name__}: {one_line(exc)}"
+    )
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (drivers' messages span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 async def serve(
     worker: Worker, *, name: str, ready: str, also: asyncio.Event | None = None
 ) -> None:
-    """Run ``worker`` until SIGINT/SIGTERM or ``also``; print ``ready`` once it polls.
+    """Run ``worker`` until SIGINT/SIGTERM or ``also``; print ``ready`` as it starts.
 
     ``worker.run()`` in a task of its own rather than ``async with worker``: when its
     polls fail while it shuts down (Temporal went away), the context manager cancels
@@ -78,5 +80,5 @@ async def serve(
     except Exception as exc:
         # Its polls failed for good: Temporal went away or turned the worker down.
         raise ConnectionLost(
-            f"{name} stopped: its Temporal worker failed: {_one_line(exc.__cause__ or exc)}"
+            f"{name} stopped: its Temporal worker failed: {one_line(exc.__cause__ or exc)}"
         ) from exc
