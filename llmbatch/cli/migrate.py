@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 import typer
 
 from llmbatch.cli.common import fail
-from llmbatch.config import Settings, redact
+from llmbatch.config import Settings
 
 
 def migrate_command() -> None:
@@ -24,13 +25,25 @@ def migrate_command() -> None:
         raise fail(f"migrations not applied: {exc}") from None
     except OSError as exc:
         # Refused, timed out, no such socket: the server is not there.
-        raise fail(f"cannot reach Postgres at {redact(dsn)}: {exc}") from None
+        raise fail(f"cannot reach Postgres at {_where(dsn)}: {exc}") from None
     except asyncpg.PostgresError as exc:
         # Reached, but refused: no such database, authentication, permissions.
-        raise fail(f"Postgres at {redact(dsn)} refused: {type(exc).__name__}: {exc}") from None
+        raise fail(f"Postgres at {_where(dsn)} refused: {type(exc).__name__}: {exc}") from None
     except (asyncpg.InterfaceError, ValueError) as exc:
         raise fail(f"cannot use the Postgres DSN (LLMBATCH_POSTGRES_DSN): {exc}") from None
     if applied:
         typer.echo(f"applied {', '.join(applied)}")
     else:
         typer.echo("database schema is up to date")
+
+
+def _where(dsn: str) -> str:
+    """Host, port and database of a DSN, without its user or password."""
+    try:
+        parts = urlsplit(dsn)
+        host = parts.hostname or "local socket"
+        port = parts.port or 5432
+    except ValueError:
+        return "the configured DSN"
+    database = parts.path.lstrip("/") or "postgres"
+    return f"{host}:{port}/{database}"
