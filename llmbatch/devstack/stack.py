@@ -226,7 +226,7 @@ class DevStack:
             web_ui=s.web_ui_url,
             # Printed by `dev up` and `dev status`: never with its password.
             postgres_dsn=redact(s.postgres_dsn.get_secret_value()),
-            s3_endpoint=s.s3_endpoint_url,
+            s3_endpoint=redact(s.s3_endpoint_url) if s.s3_endpoint_url else None,
             s3_bucket=s.s3_bucket,
             started=started or [],
         )
