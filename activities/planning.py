@@ -13,13 +13,14 @@ from activities.context import ActivityContext
 from llmbatch import ledger, planning, storage
 from llmbatch.contract.messages import (
     FinalizeInput,
+    JobEndInput,
     JobLayout,
     JobSummary,
     PlanResult,
     TokenCounts,
     final_state,
 )
-from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB
+from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
 from llmbatch.contract.spec import JobSpec
 
 
@@ -134,3 +135,23 @@ class PlanningActivities:
         )
         await asyncio.to_thread(store.delete_prefix, layout.staging + "/")
         return summary
+
+    @activity.defn(name=RECORD_JOB_END)
+    async def record_job_end(self, input: JobEndInput) -> None:
+        """Record the end state of a job that was cancelled or failed (finalize_job
+        records the others), with the counts the ledger has so far.
+
+        Items not done stay ``pending``: nothing of them is lost, only never run. A
+        job with no ledger row yet (it ended while planning) is left without one.
+        """
+        counts = await ledger.job_counts(self._ctx.pool, job_id=input.job_id)
+        await ledger.finish_job(
+            self._ctx.pool,
+            job_id=input.job_id,
+            status=input.state,
+            items_total=input.items_total,
+            items_succeeded=counts.succeeded,
+            items_dead=counts.dead,
+            prompt_tokens=counts.prompt_tokens,
+            completion_tokens=counts.completion_tokens,
+        )

@@ -14,7 +14,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
@@ -30,6 +30,9 @@ from llmbatch.templates import RenderLimits
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
+REDACTED = "***"
+# Query parameters that carry a credential in a DSN (libpq's password, sslpassword).
+_SECRET_PARAMS = ("password", "secret", "token")
 
 
 def _config_file() -> Path | None:
@@ -195,3 +198,31 @@ def model_slug(model: str) -> str:
     long one, which tells models apart better than a shared prefix)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_identity(model)).strip("-.").lower()
     return slug[-MODEL_SLUG_CHARS:].lstrip("-.") or "model"
+
+
+def redact(url: str) -> str:
+    """``url`` (a DSN or an endpoint) with every credential in it replaced by ``***``.
+
+    The one place secrets are taken out of what llm-batch prints, logs or raises:
+    a DSN may carry a password in its user part or its query string, and neither may
+    reach a terminal, a log file or an error message.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        # Unparseable: it may still hold a password, so show nothing of it.
+        return REDACTED
+    netloc = parts.netloc
+    if password is not None:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{REDACTED}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, REDACTED if any(s in k.lower() for s in _SECRET_PARAMS) else v) for k, v in pairs],
+            safe="*",
+        )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -20,7 +20,8 @@ from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from workers.heartbeat import BackgroundHeartbeatInterceptor
-from workers.shutdown import wait_for_stop_signal
+from workers.preflight import check_services
+from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
 from workflows.shard import ShardWorkflow
@@ -42,6 +43,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
         activities=[
             planning.plan_job,
             planning.finalize_job,
+            planning.record_job_end,
             fetch.fetch_shard,
             render.render_prompts,
             write.write_shard,
@@ -70,11 +72,26 @@ async def cpu_worker(settings: Settings, *, client: Client | None = None) -> Asy
 
 
 async def run_cpu_worker(settings: Settings) -> None:
-    """Run until SIGINT/SIGTERM."""
+    """Check the services, then run until SIGINT/SIGTERM.
+
+    Raises StartupCheckFailed when a service is unreachable or misconfigured, and
+    ConnectionLost when one goes away while the worker runs or stops: one line each.
+    """
     telemetry.install(component="cpu-worker")
-    async with cpu_worker(settings):
-        print(f"cpu worker polling {settings.cpu_task_queue} on {settings.temporal_address}")
-        await wait_for_stop_signal()
+    client = await check_services(settings)
+    name = "cpu worker"
+    try:
+        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        try:
+            await serve(
+                build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)),
+                name=name,
+                ready=f"{name} polling {settings.cpu_task_queue} on {settings.temporal_address}",
+            )
+        finally:
+            await pool.close()
+    except CONNECTION_ERRORS as exc:
+        raise connection_lost(name, exc) from exc
 
 
 def main(settings: Settings | None = None) -> None:

@@ -23,7 +23,8 @@ from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from llmbatch.engine import Engine, EngineOptions
-from workers.shutdown import wait_for_stop_signal
+from workers.preflight import check_services
+from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ async def run_gpu_worker(
 ) -> int:
     """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
     telemetry.install(component="gpu-worker")
+    # The cheap checks first: a bad DSN fails in a second, not after the model loads.
+    client = await check_services(settings)
     engine = await Engine.start(options)
     dead = asyncio.Event()
 
@@ -103,21 +106,30 @@ async def run_gpu_worker(
         log.error("vLLM engine died (%s); stopping so a supervisor restarts this worker", exc)
         dead.set()
 
+    name = "gpu worker"
     try:
-        async with gpu_worker(
-            settings,
-            engine,
-            model=options.model,
-            max_concurrent_activities=max_concurrent_activities,
-            max_in_flight=max_in_flight,
-            on_engine_dead=engine_died,
-        ):
-            print(
-                f"gpu worker for {options.model} polling {settings.gpu_task_queue(options.model)}"
-                f" on {settings.temporal_address}",
-                flush=True,
+        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        try:
+            worker = build_gpu_worker(
+                client,
+                ActivityContext(settings=settings, pool=pool),
+                engine,
+                model=options.model,
+                max_concurrent_activities=max_concurrent_activities,
+                max_in_flight=max_in_flight,
+                on_engine_dead=engine_died,
             )
-            await wait_for_stop_signal(dead)
+            await serve(
+                worker,
+                name=name,
+                ready=f"{name} for {options.model} polling "
+                f"{settings.gpu_task_queue(options.model)} on {settings.temporal_address}",
+                also=dead,
+            )
+        finally:
+            await pool.close()
+    except CONNECTION_ERRORS as exc:
+        raise connection_lost(name, exc) from exc
     finally:
         engine.shutdown()
     return 1 if dead.is_set() else 0

@@ -5,6 +5,11 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import asyncpg
+from botocore.exceptions import BotoCoreError
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
     """Return on SIGINT or SIGTERM, or as soon as ``also`` is set."""
@@ -22,3 +27,58 @@ async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
             waiter.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+class ConnectionLost(RuntimeError):
+    """A service went away while a worker ran or stopped; the message is one line."""
+
+
+# What a lost Temporal, Postgres or S3 connection raises out of a running worker.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    RPCError,
+    BotoCoreError,
+)
+
+
+def connection_lost(name: str, exc: BaseException) -> ConnectionLost:
+    """The one line a worker stops with when a connection went away under it."""
+    return ConnectionLost(
+        f"{name} stopped: a connection was lost: {type(exc).__name__}: {one_line(exc)}"
+    )
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (drivers' messages span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+async def serve(
+    worker: Worker, *, name: str, ready: str, also: asyncio.Event | None = None
+) -> None:
+    """Run ``worker`` until SIGINT/SIGTERM or ``also``; print ``ready`` as it starts.
+
+    ``worker.run()`` in a task of its own rather than ``async with worker``: when its
+    polls fail while it shuts down (Temporal went away), the context manager cancels
+    the task inside it and the failure is lost in a CancelledError; here it is the
+    run task's own exception, raised as :class:`ConnectionLost`.
+    """
+    run = asyncio.create_task(worker.run())
+    stop = asyncio.create_task(wait_for_stop_signal(also))
+    print(ready, flush=True)
+    try:
+        await asyncio.wait([run, stop], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not run.done():
+            await worker.shutdown()
+    try:
+        await run
+    except Exception as exc:
+        # Its polls failed for good: Temporal went away or turned the worker down.
+        raise ConnectionLost(
+            f"{name} stopped: its Temporal worker failed: {one_line(exc.__cause__ or exc)}"
+        ) from exc

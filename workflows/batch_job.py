@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         BatchJobInput,
         FinalizeInput,
         JobControlState,
+        JobEndInput,
         JobPausedInput,
         JobProgress,
         JobSummary,
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         PAUSE_UPDATE,
         PLAN_JOB,
         PROGRESS_QUERY,
+        RECORD_JOB_END,
         RESUME_UPDATE,
         SET_JOB_PAUSED,
         SHARD_FINISHED_SIGNAL,
@@ -123,14 +125,20 @@ class BatchJobWorkflow:
         self._name_for_web_ui()
         if self._progress.started_at is None:
             self._progress.started_at = workflow.now().isoformat()
-        if self._state.plan is None:
-            await self._plan()
         try:
+            if self._state.plan is None:
+                await self._plan()
             await self._run_shards()
+            return await self._finalize()
         except asyncio.CancelledError:
             await self._cancel_shards()
+            await self._record_end(JobState.CANCELLED)
             raise
-        return await self._finalize()
+        except FailureError:
+            # Only these fail the workflow (other errors fail a task, which is retried).
+            # ContinueAsNewError is a BaseException and passes by.
+            await self._record_end(JobState.FAILED)
+            raise
 
     async def _plan(self) -> None:
         """List the inputs and split them into shards (plans go to storage)."""
@@ -198,6 +206,28 @@ class BatchJobWorkflow:
                 ).cancel()
             except FailureError as err:  # it closed meanwhile: nothing to cancel
                 workflow.logger.info("shard %s not cancelled: %s", shard, err)
+
+    async def _record_end(self, state: JobState) -> None:
+        """Put a job that will not finalize in its end state in the ledger's jobs row,
+        which would otherwise say ``running`` for ever. Its unfinished items stay
+        ``pending``."""
+        if self._state.plan is None:
+            return  # plan_job writes the row last: a job that ended while planning has none
+        # Histories of jobs that ended before this step existed replay without it.
+        if not workflow.patched(RECORD_JOB_END):
+            return
+        self._progress.state = state
+        self._publish()
+        try:
+            await workflow.execute_activity(
+                RECORD_JOB_END,
+                JobEndInput(
+                    job_id=self._spec.job_id, state=state, items_total=self._progress.items_total
+                ),
+                **options.ledger_step(summary=f"record the job {state}"),
+            )
+        except FailureError as err:  # the job's own end must not be hidden by this one
+            workflow.logger.warning("job %s: end state not recorded: %s", self._spec.job_id, err)
 
     async def _finalize(self) -> JobSummary:
         """Count the outcome from the ledger, write the manifest, tell the dead letters."""

@@ -32,8 +32,13 @@ ENGINE_ARGS_HELP = (
 def cpu() -> None:
     """Run the workflows and the CPU activities (read, render, write)."""
     from workers import cpu as cpu_worker
+    from workers.preflight import StartupCheckFailed
+    from workers.shutdown import ConnectionLost
 
-    cpu_worker.main(Settings())
+    try:
+        cpu_worker.main(Settings())
+    except (StartupCheckFailed, ConnectionLost) as exc:
+        raise fail(str(exc)) from None
 
 
 def _show_engine_help(keyword: str | None) -> None:
@@ -77,6 +82,17 @@ def gpu(
 
     Engine options are vLLM's own engine arguments, given with the options here.
     """
+    from workers.preflight import StartupCheckFailed, check_now
+    from workers.shutdown import ConnectionLost
+
+    settings = Settings()
+    try:
+        # Before vLLM is imported (to parse the engine arguments): a bad DSN or S3
+        # endpoint fails in a second, not after tens of seconds of imports.
+        check_now(settings)
+    except StartupCheckFailed as exc:
+        raise fail(str(exc)) from None
+
     from llmbatch.engine import EngineArgumentError, EngineOptions
 
     try:
@@ -86,9 +102,12 @@ def gpu(
 
     from workers import gpu as gpu_worker
 
-    gpu_worker.main(
-        Settings(),
-        options,
-        max_concurrent_activities=concurrent_shards,
-        max_in_flight=max_in_flight,
-    )
+    try:
+        gpu_worker.main(
+            settings,
+            options,
+            max_concurrent_activities=concurrent_shards,
+            max_in_flight=max_in_flight,
+        )
+    except (StartupCheckFailed, ConnectionLost) as exc:
+        raise fail(str(exc)) from None

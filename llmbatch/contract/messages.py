@@ -149,6 +149,14 @@ class JobPausedInput(BaseModel):
     paused: bool
 
 
+class JobEndInput(BaseModel):
+    """Input of ``record_job_end``: how a job ended that did not finalize."""
+
+    job_id: str
+    state: JobState
+    items_total: int = 0
+
+
 class JobControlState(BaseModel):
     """What the pause and resume updates answer: the job's state after the call."""
 

@@ -21,6 +21,9 @@ FINALIZE_JOB = "finalize_job"
 # Running `generate` activities cannot receive signals, so pause and resume reach
 # them through the ledger's jobs row, written by this activity.
 SET_JOB_PAUSED = "set_job_paused"
+# A cancelled or failed job never reaches finalize_job; this records its end state
+# in the ledger's jobs row instead, so the row does not stay "running".
+RECORD_JOB_END = "record_job_end"
 FAIL_SHARD = "fail_shard"
 REPORT_DEAD_LETTERS = "report_dead_letters"
 REQUEUE_DEAD_LETTERS = "requeue_dead_letters"

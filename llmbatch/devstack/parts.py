@@ -25,7 +25,7 @@ from typing import Any, ClassVar, TypeVar
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.common import SearchAttributeKey
 
-from llmbatch.config import Settings
+from llmbatch.config import Settings, redact
 from llmbatch.contract import search_attributes
 from llmbatch.devstack import process
 from llmbatch.devstack.process import GRPC_OFFSET, DevStackError
@@ -265,7 +265,8 @@ class PostgresPart(Part):
         return {"tcp": self.settings.postgres_port}
 
     def endpoint(self) -> str:
-        return self.settings.postgres_dsn.get_secret_value()
+        # Shown in the stack's status: where, never the password.
+        return redact(self.settings.postgres_dsn.get_secret_value())
 
     @property
     def data(self) -> Path:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from llmbatch.config import Settings
+from llmbatch.config import Settings, redact
 from llmbatch.devstack import process
 from llmbatch.devstack.parts import (
     INSTALL_LOCAL_EXTRA,
@@ -224,8 +224,9 @@ class DevStack:
             temporal_address=s.temporal_address,
             namespace=s.temporal_namespace,
             web_ui=s.web_ui_url,
-            postgres_dsn=s.postgres_dsn.get_secret_value(),
-            s3_endpoint=s.s3_endpoint_url,
+            # Printed by `dev up` and `dev status`: never with its password.
+            postgres_dsn=redact(s.postgres_dsn.get_secret_value()),
+            s3_endpoint=redact(s.s3_endpoint_url) if s.s3_endpoint_url else None,
             s3_bucket=s.s3_bucket,
             started=started or [],
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch.config import Settings, model_slug
+from llmbatch.config import Settings, model_slug, redact
 
 
 @pytest.fixture
@@ -103,3 +103,17 @@ def test_local_roots_are_a_path_list_defaulting_to_the_working_directory(
     clean_env.setenv("LLMBATCH_LOCAL_ROOTS", os.pathsep)
     with pytest.raises(ValueError, match="at least one folder"):
         Settings()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://postgres:s3cr%40t@db.internal:5432/llm", "postgresql://postgres:***@db.internal:5432/llm"),
+        ("postgresql://u:pw@h/db?sslmode=require&password=pw", "postgresql://u:***@h/db?sslmode=require&password=***"),
+        ("postgresql://postgres@127.0.0.1:55432/llmbatch", "postgresql://postgres@127.0.0.1:55432/llmbatch"),
+        ("http://127.0.0.1:8333", "http://127.0.0.1:8333"),
+        ("postgresql://u:pw@[::1", "***"),  # unparseable: nothing of it is shown
+    ],
+)  # fmt: skip
+def test_redact_hides_every_password_and_keeps_where(url: str, shown: str) -> None:
+    assert redact(url) == shown

@@ -19,8 +19,12 @@ from llmbatch.engine import EngineOptions
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[EngineOptions, dict[str, Any]]]:
-    """What ``workers.gpu.main`` would have been called with."""
+    """What ``workers.gpu.main`` would have been called with (the services it would
+    check first are taken as answering)."""
     from workers import gpu as gpu_worker
+    from workers import preflight
+
+    monkeypatch.setattr(preflight, "check_now", lambda _settings: None)
 
     calls: list[tuple[EngineOptions, dict[str, Any]]] = []
     monkeypatch.setattr(

@@ -246,3 +246,23 @@ def test_a_server_that_dies_while_starting_is_one_clear_error(tmp_path: Path) ->
     # Temporal, started by the same call, was stopped again.
     assert not processes_under(settings.state_dir)
     assert not DevStack(settings).status().parts[0].running
+
+
+def test_status_never_shows_the_postgres_password(tmp_path: Path) -> None:
+    """``dev status`` and ``dev status --json`` (what ``dev up`` prints too) show where
+    Postgres is, never its password; a stack that is not running is enough to ask."""
+    settings = stack_settings_for(tmp_path / "state")
+    password = "pw-that-must-not-show"
+    dsn = settings.postgres_dsn.get_secret_value().replace("postgres@", f"postgres:{password}@")
+    env = {**os.environ, **settings_env(settings), "LLMBATCH_POSTGRES_DSN": dsn}
+    for args in (["status"], ["status", "--json"]):
+        shown = subprocess.run(
+            [sys.executable, "-m", "llmbatch.cli.main", "dev", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 3, shown.stderr  # not running
+        assert password not in shown.stdout + shown.stderr
+        assert f"postgres:***@127.0.0.1:{settings.postgres_port}/llmbatch" in shown.stdout

@@ -37,6 +37,7 @@ from llmbatch.contract.messages import (
     FetchResult,
     FinalizeInput,
     GenerateResult,
+    JobEndInput,
     JobLayout,
     JobPausedInput,
     JobSummary,
@@ -56,6 +57,7 @@ from llmbatch.contract.names import (
     FINALIZE_JOB,
     GENERATE,
     PLAN_JOB,
+    RECORD_JOB_END,
     RENDER_PROMPTS,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
@@ -224,6 +226,7 @@ class StandIns:
             self.render_prompts,
             self.write_shard,
             self.finalize_job,
+            self.record_job_end,
             self.set_job_paused,
             self.fail_shard,
             self.report_dead_letters,
@@ -300,6 +303,12 @@ class StandIns:
         summary.state = final_state(summary)
         summary.manifest = input.layout.manifest
         return summary
+
+    @activity.defn(name=RECORD_JOB_END)
+    async def record_job_end(self, input: JobEndInput) -> None:
+        """Records the end state it was given (``detail``), as the real one does in the
+        jobs row."""
+        await self._step(RECORD_JOB_END, None, detail=input.state)
 
     @activity.defn(name=SET_JOB_PAUSED)
     async def set_job_paused(self, input: JobPausedInput) -> bool:

@@ -11,10 +11,12 @@ from llmbatch.contract.messages import ShardSummary
 from llmbatch.contract.names import (
     FETCH_SHARD,
     GENERATE,
+    RECORD_JOB_END,
     RENDER_PROMPTS,
     WRITE_SHARD,
     shard_workflow_id,
 )
+from llmbatch.contract.states import JobState
 from tests.workflows.orchestration.harness import orchestrate, result_of
 from tests.workflows.orchestration.stand_ins import rows_of
 
@@ -71,6 +73,8 @@ async def test_cancelling_the_job_cancels_every_running_shard(
     for shard in (FINISHES_ANYWAY, CANCELLED_IN_GENERATE):
         assert s.steps_of(shard) == [FETCH_SHARD, RENDER_PROMPTS, GENERATE], shard
     assert not s.called(WRITE_SHARD, FINISHES_ANYWAY)
+    # The ledger's jobs row is told the job's end (it would say "running" for ever).
+    assert [c.detail for c in s.called(RECORD_JOB_END)] == [JobState.CANCELLED]
 
 
 async def test_shard_whose_job_is_gone_completes(orchestration_client: Client) -> None:
