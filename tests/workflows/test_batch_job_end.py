@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -97,17 +98,24 @@ async def test_a_cancelled_job_ends_cancelled_in_the_ledger(
 
 
 async def test_a_job_that_fails_after_planning_ends_failed_in_the_ledger(
-    cpu_only: Settings, temporal_client: Client, pool: asyncpg.Pool, tmp_path: Path
+    stack: Settings, temporal_client: Client, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    """An input with no rows plans no shard, so the job goes straight to finalize_job,
-    whose manifest cannot be written: a file stands where the job's output folder
-    goes. With one attempt allowed, the job fails after planning."""
-    spec = spec_for(tmp_path, 0)
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / spec.job_id).write_text("not a folder\n")
-    handle, _ = await start_job(temporal_client, spec, settings=cpu_only)
-
-    with pytest.raises(WorkflowFailureError):
-        await asyncio.wait_for(handle.result(), GUARD_S)
+    """Its one shard finds no worker for its model within a second, so its items die;
+    then the manifest cannot be written, since a folder stands where it goes. With
+    one attempt allowed, finalize_job fails, and the job with it."""
+    tag = uuid.uuid4().hex[:8]
+    settings = stack.model_copy(
+        update={
+            "cpu_task_queue": f"end-{tag}",
+            "gpu_task_queue_prefix": f"end-{tag}-gpu",
+            "generate_schedule_to_start": timedelta(seconds=1),
+        }
+    )
+    spec = spec_for(tmp_path, 1)
+    (tmp_path / "out" / spec.job_id / "manifest.json").mkdir(parents=True)
+    async with cpu_worker(settings, client=temporal_client):
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), GUARD_S)
 
     assert await job_status(pool, spec.job_id) == JobState.FAILED
