@@ -241,7 +241,12 @@ async def test_json_cut_off_by_max_tokens_is_an_item_error(engine: Engine) -> No
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
-        (SamplingSpec(json_schema={"type": "nonsense"}), "not a valid JSON schema"),
+        (  # refused by JobSpec now; the engine still must not trust its input
+            SamplingSpec.model_construct(
+                **{**SamplingSpec().model_dump(), "json_schema": {"type": "nonsense"}}
+            ),
+            "not a valid JSON schema",
+        ),
         (  # valid JSON schema that xgrammar cannot turn into a grammar
             SamplingSpec(json_schema={"type": "integer", "minimum": 5, "maximum": 3}, max_tokens=8),
             "grammar",
