@@ -7,6 +7,7 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from llmbatch.contract.spec import ChatMessage
 from llmbatch.render_pool import KILL_GRACE_S, RenderPool
@@ -22,10 +23,26 @@ RUNAWAY = [
 LIMITS = RenderLimits(timeout_s=1.0, max_memory_bytes=256 << 20)
 
 
-def render_children() -> list[psutil.Process]:
+def _all_render_children() -> list[psutil.Process]:
     return [
         p for p in psutil.Process().children() if "llmbatch.render_pool" in " ".join(p.cmdline())
     ]
+
+
+# Render children that are not the test's own: the session's in-process CPU worker
+# keeps render processes of its own when other tests ran jobs in this process.
+_OTHERS: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _others() -> None:
+    _OTHERS.clear()
+    _OTHERS.update(p.pid for p in _all_render_children())
+
+
+def render_children() -> list[psutil.Process]:
+    """The render processes this test's pool started."""
+    return [p for p in _all_render_children() if p.pid not in _OTHERS]
 
 
 async def test_a_runaway_row_dies_at_its_limit_and_the_rest_render() -> None:
