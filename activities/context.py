@@ -13,6 +13,7 @@ import asyncpg
 
 from llmbatch import storage, telemetry
 from llmbatch.config import Settings
+from llmbatch.contract import uris
 from llmbatch.render_pool import RenderPool
 
 
@@ -52,5 +53,5 @@ class ActivityContext:
 def _object_attrs(uri: str) -> dict[str, str]:
     # The scheme and the object's own name (rows.jsonl, part-00003.parquet): enough to
     # tell the reads and writes of a shard apart, without the bucket or the path.
-    scheme = storage.scheme_of(uri)
+    scheme = uris.scheme_of(uri)
     return {"scheme": scheme, "object": uri.rstrip("/").rsplit("/", 1)[-1]}

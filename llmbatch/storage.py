@@ -48,8 +48,7 @@ from botocore.exceptions import (
 from llmbatch.config import Settings
 
 # Re-exported: storage callers take URIs apart with the contract's one parser.
-from llmbatch.contract.uris import scheme_of as scheme_of
-from llmbatch.contract.uris import split_scheme as split_scheme
+from llmbatch.contract.uris import scheme_of, split_scheme
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

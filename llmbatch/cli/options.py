@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from llmbatch import planning, storage
 from llmbatch.cli.common import fail
 from llmbatch.config import Settings
+from llmbatch.contract import uris
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat
 
 
@@ -195,7 +196,7 @@ def _messages(
 def _absolute(uri: str) -> str:
     """``uri`` itself, or for a plain path that is relative (or starts with ``~``) the
     absolute path. ``..`` stays as given, for the spec's validation to refuse."""
-    if storage.split_scheme(uri)[0] is not None or not uri.strip() or uri.startswith("/"):
+    if uris.split_scheme(uri)[0] is not None or not uri.strip() or uri.startswith("/"):
         return uri
     return str(Path(uri).expanduser().absolute())
 

@@ -20,7 +20,8 @@ import pytest
 from llmbatch import formats
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat
-from llmbatch.storage import LocalStore, ObjectInfo, ObjectStore, open_store, scheme_of
+from llmbatch.contract.uris import scheme_of
+from llmbatch.storage import LocalStore, ObjectInfo, ObjectStore, open_store
 
 # Format tests read only their own tmp files: no root to keep them in.
 STORE = LocalStore(["/"])

@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from llmbatch import storage
 from llmbatch.config import Settings
+from llmbatch.contract.uris import scheme_of, split_scheme
 from llmbatch.devstack.process import free_port
 from llmbatch.storage import InputNotFound, LocalStore, S3Store, StorageError
 
@@ -468,8 +469,8 @@ def test_s3_check_output_refuses_a_missing_bucket_and_creates_none(
     ],
 )
 def test_split_scheme_and_scheme_of(uri: str, split: tuple[str | None, str], scheme: str) -> None:
-    assert storage.split_scheme(uri) == split
-    assert storage.scheme_of(uri) == scheme
+    assert split_scheme(uri) == split
+    assert scheme_of(uri) == scheme
 
 
 def test_split_s3_and_local_path_refuse_other_schemes() -> None:
