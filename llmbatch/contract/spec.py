@@ -114,6 +114,30 @@ class RetrySpec(_Strict):
     max_activity_attempts: int = Field(default=10, ge=1, le=100)
 
 
+class ApiEndpoint(enum.StrEnum):
+    """The request kinds an OpenAI batch may hold (one per batch, as OpenAI has it)."""
+
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+class ApiBatch(_Strict):
+    """Set on a job that is a batch of the OpenAI Batch API (``llm-batch serve``).
+
+    Its job id is the batch id, its one input is a file uploaded through the API
+    (never a location a caller named), and OpenAI's semantics apply on top of a job's:
+    every line is validated before any generation (one bad line fails the whole batch,
+    with its line number), the batch expires at its completion window, and its results
+    end as one output file and one error file registered as API files.
+    """
+
+    project: str = Field(min_length=1, max_length=128)
+    endpoint: ApiEndpoint
+    completion_window_s: int = Field(
+        ge=1, description="Seconds from creation after which unfinished requests stop."
+    )
+
+
 class JobSpec(_Strict):
     """A batch job: input rows, a prompt, a model, and where results go."""
 
@@ -156,6 +180,9 @@ class JobSpec(_Strict):
     )
     max_row_bytes: int = Field(default=1 << 20, ge=1, le=64 << 20)
     retry: RetrySpec = Field(default_factory=RetrySpec)
+    api_batch: ApiBatch | None = Field(
+        default=None, description="Set by `llm-batch serve` for an OpenAI Batch API batch."
+    )
 
     @field_validator("job_id", mode="before")
     @classmethod

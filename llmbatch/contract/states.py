@@ -11,7 +11,7 @@ import enum
 
 
 class JobState(enum.StrEnum):
-    """Where a job is. The last four are final."""
+    """Where a job is. The last five are final."""
 
     PLANNING = "planning"
     RUNNING = "running"
@@ -19,6 +19,24 @@ class JobState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     COMPLETED_WITH_ERRORS = "completed_with_errors"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+    # Its deadline (an OpenAI batch's completion window) passed before it finished:
+    # unfinished items stopped, finished ones are kept.
+    EXPIRED = "expired"
+
+
+class BatchStatus(enum.StrEnum):
+    """An OpenAI Batch API batch's status, as OpenAI names it. ``validating →
+    in_progress → finalizing → completed``, or ``failed``, ``expired``, or
+    ``cancelling → cancelled``; each has a ``<status>_at`` timestamp."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
     CANCELLED = "cancelled"
 
 

@@ -81,6 +81,9 @@ async def test_the_project_schema(empty_db_dsn: str) -> None:
     finally:
         await conn.close()
     assert [t["tablename"] for t in tables] == [
+        "api_batches",
+        "api_files",
+        "api_keys",
         "dead_letters",
         "items",
         "jobs",
