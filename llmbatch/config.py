@@ -119,6 +119,11 @@ class Settings(BaseSettings):
         default=1024, gt=0, description="Memory a render process may take beyond its start."
     )
 
+    # The OpenAI Batch API (`llm-batch serve`): validation refuses a larger batch file.
+    api_max_requests_per_batch: int = Field(
+        default=50_000, ge=1, description="Most requests one batch file may hold (OpenAI's)."
+    )
+
     @property
     def render_limits(self) -> RenderLimits:
         return RenderLimits(
