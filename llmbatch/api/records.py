@@ -39,7 +39,8 @@ async def set_batch_status(
     status: BatchStatus,
     errors: list[dict[str, Any]] | None = None,
 ) -> bool:
-    """Move a batch to ``status`` and stamp ``<status>_at``; True when it moved.
+    """Move a batch to ``status`` and stamp ``<status>_at`` (but validating, which has
+    no such column); True when it moved.
 
     A final status (completed, failed, expired, cancelled) never changes, and
     validating, in_progress and finalizing never replace ``cancelling``. ``errors``
@@ -47,11 +48,12 @@ async def set_batch_status(
     """
     # The column name comes from the enum, never from a caller's string. The errors go
     # as text, so any pool works (with or without a jsonb codec).
-    stamp = f"{BatchStatus(status).value}_at"
+    # "validating" has none: it is the status a batch is created with (created_at).
+    stamp = "" if status == BatchStatus.VALIDATING else f", {BatchStatus(status).value}_at = now()"
     result = await db.execute(
         f"""
         UPDATE api_batches
-        SET status = $2, {stamp} = now(), errors = COALESCE($3::text::jsonb, errors)
+        SET status = $2{stamp}, errors = COALESCE($3::text::jsonb, errors)
         WHERE batch_id = $1
           AND status <> ALL($4::text[])
           AND NOT ($2 = ANY($5::text[]) AND status = $6)
