@@ -23,6 +23,8 @@ from llmbatch.contract.messages import JobControlState, JobSummary
 from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
+from tests.llmbatch.cli.test_control import eventually
+from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
 
@@ -303,6 +305,20 @@ async def test_a_short_window_expires_keeping_finished_results(
         done,
         len(ids) - done,
     )
+
+    # The CLI names the job's state: `status` from its summary, `list` from its memo.
+    code, out, err = await cli(workers, "status", handle.id, "--json")
+    assert code == 0, err
+    assert json.loads(out)["state"] == JobState.EXPIRED
+
+    async def listed() -> dict[str, Any] | None:
+        code, out, err = await cli(workers, "list", "--json", "--limit", "100")
+        assert code == 0, err
+        row = {r["job_id"]: r for r in json.loads(out)}.get(handle.id)
+        return row if row and row["status"] == "completed" else None  # visibility lags
+
+    listed_row = await eventually(listed, within_s=30)
+    assert listed_row["state"] == JobState.EXPIRED
 
 
 async def test_cancel_mid_way_ends_cancelled_with_partial_results(
