@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
+from temporalio.worker import Replayer
 
 from llmbatch import ledger, storage
 from llmbatch.api import layout
@@ -25,6 +26,7 @@ from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
 from tests.llmbatch.cli.test_control import eventually
 from tests.llmbatch.cli.test_jobs import cli
+from workflows.batch_job import BatchJobWorkflow
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +152,12 @@ async def batch_files(
     return found[0], found[1]
 
 
+async def replays(client: Client, handle: WorkflowHandle[Any, JobSummary]) -> None:
+    """The batch's history replays on today's code: its new steps are deterministic."""
+    replayer = Replayer(workflows=[BatchJobWorkflow], data_converter=client.data_converter)
+    await replayer.replay_workflow(await handle.fetch_history())
+
+
 async def until(condition: Any) -> None:
     """Poll ``condition`` (another process's writes to the ledger: nothing to await)."""
     for _ in range(int(GUARD_S / POLL_S)):
@@ -238,6 +246,7 @@ async def test_a_good_batch_completes_with_one_output_and_one_error_file_in_inpu
         body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
     )
     assert err[0]["response"] is None and err[0]["error"]["code"] == "InvalidRequest"
+    await replays(temporal_client, handle)
 
 
 async def run_until_first_shard_done_then_pause(
@@ -319,6 +328,7 @@ async def test_a_short_window_expires_keeping_finished_results(
 
     listed_row = await eventually(listed, within_s=30)
     assert listed_row["state"] == JobState.EXPIRED
+    await replays(temporal_client, handle)
 
 
 async def test_cancel_mid_way_ends_cancelled_with_partial_results(
@@ -347,3 +357,4 @@ async def test_cancel_mid_way_ends_cancelled_with_partial_results(
     batch = await batch_row(pool, handle.id)
     assert batch["status"] == BatchStatus.CANCELLED and batch["cancelled_at"] is not None
     await check_partial(workers, pool, batch, ids, code="batch_cancelled")
+    await replays(temporal_client, handle)
