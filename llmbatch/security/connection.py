@@ -177,11 +177,6 @@ _CAUSES: tuple[tuple[str, str], ...] = (
         "the TLS handshake failed: the server does not speak TLS at this address "
         "(turn TLS off, or use its TLS address)",
     ),
-    (
-        r"FRAME_SIZE_ERROR|frame with invalid size|h2 protocol error",
-        "the server speaks TLS at this address and this client does not "
-        "(set TEMPORAL_TLS=true, or a CA with " + CA_SETTING + ")",
-    ),
 )
 
 
@@ -209,6 +204,16 @@ def explain_connect_error(exc: BaseException, target: TemporalTarget) -> str:
         )
     elif re.search(r"Connection refused|ConnectionRefused", text):
         cause = "nothing accepts connections at this address"
+    elif target.tls is False and re.search(
+        r"FRAME_SIZE_ERROR|frame with invalid size|h2 protocol error|Canceled|"
+        r"connection closed|connection reset|BrokenPipe",
+        text,
+    ):
+        # A TLS server reads a plain-text HTTP/2 preface as garbage and hangs up.
+        cause = (
+            "the server hung up on a plain-text client: it speaks TLS at this address and "
+            f"this client does not (set TEMPORAL_TLS=true, or a CA with {CA_SETTING})"
+        )
     else:
         cause = next((why for pattern, why in _CAUSES if re.search(pattern, text)), "")
         if not cause:
