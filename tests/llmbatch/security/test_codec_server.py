@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,36 +31,46 @@ def keyring() -> Keyring:
     return new_keyring()
 
 
-@pytest.fixture(scope="module")
-def codec_server(keyring: Keyring, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def running_codec_server(
+    keyring: Keyring, ui_origin: str, *, api_key: str = API_KEY
+) -> Iterator[tuple[str, str]]:
+    """``llm-batch codec-server`` on a free port; yields its URL and API key. On exit,
+    checks that its log holds neither the key nor a payload's plaintext."""
     port = free_port()
-    log = tmp_path_factory.mktemp("codec") / "codec-server.log"
-    env = {
-        **os.environ,
-        "LLMBATCH_CODEC_KEYS": keyring.to_json(),
-        "LLMBATCH_CODEC_SERVER_API_KEY": API_KEY,
-    }
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llmbatch.cli.main", "codec-server", "--port", str(port),
-             "--ui-origin", UI_ORIGIN],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            assert proc.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.TransportError):
-                httpx.post(f"{url}/decode", json={"payloads": []}, timeout=1)
-                break
-            time.sleep(0.1)
+    with tempfile.TemporaryDirectory(prefix="codec-server-") as folder:
+        log = Path(folder) / "codec-server.log"
+        env = {
+            **os.environ,
+            "LLMBATCH_CODEC_KEYS": keyring.to_json(),
+            "LLMBATCH_CODEC_SERVER_API_KEY": api_key,
+        }
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "llmbatch.cli.main", "codec-server", "--port", str(port),
+                 "--ui-origin", ui_origin],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(300):
+                assert proc.poll() is None, log.read_text()
+                with contextlib.suppress(httpx.TransportError):
+                    httpx.post(f"{url}/decode", json={"payloads": []}, timeout=1)
+                    break
+                time.sleep(0.1)
+            yield url, api_key
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        text = log.read_text()
+        assert api_key not in text and CANARY not in text
+
+
+@pytest.fixture(scope="module")
+def codec_server(keyring: Keyring) -> Iterator[str]:
+    with running_codec_server(keyring, UI_ORIGIN) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        # The server logs no key and no payload.
-        text = Path(log).read_text()
-        assert API_KEY not in text and CANARY not in text
 
 
 async def sealed_body(keyring: Keyring) -> dict[str, object]:
