@@ -255,6 +255,19 @@ def codec_api_key_path(settings: Settings) -> Path:
     return settings.state_dir.resolve() / CODEC_API_KEY_FILE
 
 
+def codec_api_key(settings: Settings) -> str:
+    """The embedded codec server's API key, made (private) on first use."""
+    import secrets
+
+    path = codec_api_key_path(settings)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
 def codec_endpoint(settings: Settings) -> str | None:
     """The Web UI's codec endpoint, when the stack encrypts; None otherwise.
 
@@ -263,8 +276,7 @@ def codec_endpoint(settings: Settings) -> str | None:
     """
     if not encrypted(settings):
         return None
-    key = codec_api_key_path(settings).read_text().strip()
-    return f"http://127.0.0.1:{settings.codec_server_port}/{key}"
+    return f"http://127.0.0.1:{settings.codec_server_port}/{codec_api_key(settings)}"
 
 
 def _sa_type(key: SearchAttributeKey[Any]) -> str:
@@ -574,6 +586,7 @@ class CodecServerPart(Part):
 
     def start(self) -> None:
         s = self.settings
+        codec_api_key(s)  # made here if the keyring came from `codec-key rotate`
         argv = [
             sys.executable, "-m", "llmbatch.cli.main", "codec-server",
             "--host", "127.0.0.1", "--port", str(s.codec_server_port),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,7 +19,7 @@ from llmbatch.devstack.parts import (
     PostgresPart,
     SeaweedPart,
     TemporalPart,
-    codec_api_key_path,
+    codec_api_key,
     encrypted,
 )
 from llmbatch.devstack.process import DevStackError
@@ -135,8 +134,6 @@ class DevStack:
         folder then encrypts its payloads, and ``up`` runs the codec server and gives
         the Web UI its endpoint. Raises DevStackError when Temporal already runs without
         it (it takes the endpoint at start)."""
-        import secrets
-
         from llmbatch.security.codec import new_keyring, state_keyring_path, write_keyring
 
         with process.locked(self._lock):
@@ -149,11 +146,7 @@ class DevStack:
                     f"Temporal already runs from {self.state} without a codec endpoint; "
                     "run `llm-batch dev down`, then `llm-batch dev up --encrypt`"
                 )
-            key_path = codec_api_key_path(self.settings)
-            key_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_urlsafe(32))
+            codec_api_key(self.settings)
             write_keyring(keyring_path, new_keyring())
             return True
 
