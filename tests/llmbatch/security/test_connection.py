@@ -25,8 +25,6 @@ from tests.fixtures.tls import API_KEY, TlsProxy
 from tests.workflows.test_batch_job import classify_on_disk, companies
 from workers.cpu import cpu_worker
 
-TLS_VARIABLES = ("TEMPORAL_",)
-
 
 @pytest.fixture
 def clean_temporal_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
@@ -37,8 +35,12 @@ def clean_temporal_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_precedence_llmbatch_settings_then_temporal_environment_then_profile(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Settings() reads LLMBATCH_* (the session stack sets them) and a local config file.
+    for name in [n for n in os.environ if n.startswith("LLMBATCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
     toml = tmp_path / "temporal.toml"
     toml.write_text(
         '[profile.default]\naddress = "profile-host:7233"\nnamespace = "profile-ns"\n'
