@@ -26,6 +26,7 @@ thing for the ``temporal`` CLI and for llm-batch.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,12 @@ def temporal_target(
     :class:`ConnectionConfigError` for a missing profile, an unreadable certificate or
     key, or a client certificate that has expired or is not yet valid.
     """
+    config_file = (os.environ if environ is None else environ).get("TEMPORAL_CONFIG_FILE")
+    if config_file and not Path(config_file).is_file():
+        # The SDK would go on without it, silently, to the defaults.
+        raise ConnectionConfigError(
+            f"Temporal's config file {config_file} (TEMPORAL_CONFIG_FILE) does not exist"
+        )
     try:
         profile = ClientConfigProfile.load(override_env_vars=environ)
     except Exception as exc:  # the bridge raises its own ConfigError type

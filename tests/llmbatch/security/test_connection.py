@@ -74,6 +74,8 @@ def test_precedence_llmbatch_settings_then_temporal_environment_then_profile(
 
     with pytest.raises(ConnectionConfigError, match="Profile 'nope' not found"):
         temporal_target(Settings(), environ={**base, "TEMPORAL_PROFILE": "nope"})
+    with pytest.raises(ConnectionConfigError, match="TEMPORAL_CONFIG_FILE"):
+        temporal_target(Settings(), environ={"TEMPORAL_CONFIG_FILE": str(tmp_path / "gone")})
 
 
 async def expect_refused(settings: Settings, *fragments: str) -> str:
