@@ -9,5 +9,9 @@ MODEL = SearchAttributeKey.for_keyword("Model")
 ITEMS_TOTAL = SearchAttributeKey.for_int("ItemsTotal")
 ITEMS_DONE = SearchAttributeKey.for_int("ItemsDone")
 ITEMS_DEAD = SearchAttributeKey.for_int("ItemsDead")
+# Set only on jobs whose spec names them (llmbatch.contract.priority); "JobPriority",
+# not "Priority", so it can never meet a name of Temporal's own.
+JOB_PRIORITY = SearchAttributeKey.for_int("JobPriority")
+TENANT = SearchAttributeKey.for_keyword("Tenant")
 
-ALL = (JOB_ID, MODEL, ITEMS_TOTAL, ITEMS_DONE, ITEMS_DEAD)
+ALL = (JOB_ID, MODEL, ITEMS_TOTAL, ITEMS_DONE, ITEMS_DEAD, JOB_PRIORITY, TENANT)
