@@ -94,7 +94,7 @@ def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
     if spec.job_id:  # a Schedule's spec has none: each run takes its workflow id
         pairs.insert(0, SearchAttributePair(sa.JOB_ID, spec.job_id))
     if spec.priority is not None:
-        pairs.append(SearchAttributePair(sa.JOB_PRIORITY, spec.priority))
+        pairs.append(SearchAttributePair(sa.JOB_PRIORITY, str(spec.priority)))
     if spec.tenant is not None:
         pairs.append(SearchAttributePair(sa.TENANT, spec.tenant))
     return TypedSearchAttributes(pairs)

@@ -381,7 +381,7 @@ class BatchJobWorkflow:
         # they existed) replays with the same commands.
         missing: list[SearchAttributeUpdate[Any]] = []
         if self._spec.priority is not None and attributes.get(sa.JOB_PRIORITY) is None:
-            missing.append(sa.JOB_PRIORITY.value_set(self._spec.priority))
+            missing.append(sa.JOB_PRIORITY.value_set(str(self._spec.priority)))
         if self._spec.tenant is not None and attributes.get(sa.TENANT) is None:
             missing.append(sa.TENANT.value_set(self._spec.tenant))
         if missing:

@@ -137,7 +137,7 @@ async def _job_row(client: Client, execution: WorkflowExecution) -> dict[str, An
         "items_done": attrs.get(sa.ITEMS_DONE) or 0,
         "items_dead": attrs.get(sa.ITEMS_DEAD) or 0,
         # None: the job runs at Temporal's default priority, without a tenant.
-        "priority": attrs.get(sa.JOB_PRIORITY),
+        "priority": _int_or_none(attrs.get(sa.JOB_PRIORITY)),
         "tenant": attrs.get(sa.TENANT),
         "started_at": execution.start_time.isoformat() if execution.start_time else None,
         "closed_at": execution.close_time.isoformat() if execution.close_time else None,
@@ -171,6 +171,10 @@ async def _query_quietly(handle: WorkflowHandle[Any, Any]) -> JobProgress | None
         )
     except Exception:  # no worker, or the run just ended: visibility's counts will do
         return None
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _status_name(status: WorkflowExecutionStatus | None) -> str:

@@ -49,7 +49,8 @@ class Run:
     task_queue: str
     stand_ins: StandIns
 
-    def spec(self, *, max_concurrent_shards: int) -> JobSpec:
+    def spec(self, *, max_concurrent_shards: int, **fields: Any) -> JobSpec:
+        """The job's spec; ``fields`` sets other JobSpec fields (priority, tenant, ...)."""
         return JobSpec(
             job_id=self.job_id,
             inputs=["s3://stand-in/rows.jsonl"],
@@ -57,12 +58,16 @@ class Run:
             model="stand-in-model",
             max_concurrent_shards=max_concurrent_shards,
             output_uri="s3://stand-in/out",
+            **fields,
         )
 
-    async def start_job(self, *, max_concurrent_shards: int) -> WorkflowHandle[Any, JobSummary]:
+    async def start_job(
+        self, *, max_concurrent_shards: int, **fields: Any
+    ) -> WorkflowHandle[Any, JobSummary]:
+        """Start the job as a bare client would: no search attributes, no priority."""
         return await self.client.start_workflow(
             BATCH_JOB_WORKFLOW,
-            BatchJobInput(spec=self.spec(max_concurrent_shards=max_concurrent_shards)),
+            BatchJobInput(spec=self.spec(max_concurrent_shards=max_concurrent_shards, **fields)),
             id=self.job_id,
             task_queue=self.task_queue,
             result_type=JobSummary,
