@@ -7,6 +7,8 @@ local model and one CPU and one GPU worker process, then runs, ``--repeats`` tim
     steps queue up, a small job is submitted at priority 1, and (the peer, same run)
     at priority 5 like the large one. Printed: the small job's time from submit to
     end, how much of the large job was done by then, and when the large job ended.
+(c) a late tenant: the same with the large job as tenant team-a and the small one
+    as team-b (equal weights); the peer runs both without tenants.
 (b) fairness: two tenants submit equal jobs at once. Each tenant's GPU throughput
     while both run is counted from the ledger (``items.finished_at`` inside the span
     where both jobs finish items), with equal weights (target: within 20% of each
@@ -132,30 +134,35 @@ class Bench:
 
 
 @dataclass(frozen=True)
-class PriorityRound:
+class OvertakeRound:
     small_s: float  # the small job, submit to end
     large_done: float  # share of the large job done when the small one ended
     large_after_s: float  # the large job's end after the small one's
 
 
-async def priority_round(
-    b: Bench, *, small_priority: int, large_shards: int, small_rows: int, backlog: int
-) -> PriorityRound:
+async def overtake_round(
+    b: Bench,
+    *,
+    large_shards: int,
+    small_rows: int,
+    backlog: int,
+    large_fields: dict[str, Any],
+    small_fields: dict[str, Any],
+) -> OvertakeRound:
+    """A large job takes the GPU worker, all its shards at once; once ``backlog`` of
+    its generate steps queue, a small job is submitted and runs to its end."""
     large = b.spec(
-        "large",
-        large_shards * b.shard_size,
-        priority=5,
-        max_concurrent_shards=large_shards,
+        "large", large_shards * b.shard_size, max_concurrent_shards=large_shards, **large_fields
     )
     large_task = asyncio.create_task(b.run(large))
     while await b.queued_generates(large.job_id, large_shards) < backlog:  # noqa: ASYNC110
         await asyncio.sleep(0.2)  # polling Temporal: there is no event to wait on
-    small = b.spec("small", small_rows, priority=small_priority)
+    small = b.spec("small", small_rows, **small_fields)
     small_s = await b.run(small)
     small_end = time.monotonic()
     counts = await ledger.job_counts(b.pool, job_id=large.job_id)
     await large_task
-    return PriorityRound(
+    return OvertakeRound(
         small_s=small_s,
         large_done=counts.succeeded / counts.total,
         large_after_s=time.monotonic() - small_end,
@@ -199,7 +206,15 @@ async def bench(args: argparse.Namespace, settings: Settings, model: str, work: 
         max_tokens=args.max_tokens,
     )
     gpu_args = [*ENGINE_ARGS, "--concurrent-shards", str(args.gpu_slots)]
-    pri: dict[int, list[PriorityRound]] = {1: [], 5: []}
+    # (a) priority 1 against the peer at priority 5; (c) a late tenant against the
+    # peer without tenants. Each: a large job, then a small one once the large queues.
+    overtakes: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+        "priority 1": ({"priority": 5}, {"priority": 1}),
+        "priority 5 (peer)": ({"priority": 5}, {"priority": 5}),
+        "tenant team-b": ({"tenant": "team-a"}, {"tenant": "team-b"}),
+        "no tenants (peer)": ({}, {}),
+    }
+    over: dict[str, list[OvertakeRound]] = {k: [] for k in overtakes}
     fair: dict[str, list[FairRound]] = {"1:1": [], "2:1": [], "none": []}
     weights: dict[str, tuple[float, float] | None] = {"1:1": (1.0, 1.0), "2:1": (2.0, 1.0)}
     with worker_processes(settings, model, log_dir=work / "logs", gpu_args=gpu_args) as procs:
@@ -211,18 +226,21 @@ async def bench(args: argparse.Namespace, settings: Settings, model: str, work: 
         )
         for round_ in range(args.repeats):
             print(f"round {round_ + 1}/{args.repeats}", flush=True)
-            # Alternate which goes first, so a warming machine favours neither.
-            for p in (1, 5) if round_ % 2 == 0 else (5, 1):
-                r = await priority_round(
+            # Alternate the order, so a warming machine favours neither side.
+            keys = list(overtakes) if round_ % 2 == 0 else list(reversed(overtakes))
+            for key in keys:
+                large_fields, small_fields = overtakes[key]
+                r = await overtake_round(
                     b,
-                    small_priority=p,
                     large_shards=args.large_shards,
                     small_rows=args.small_rows,
                     backlog=args.backlog,
+                    large_fields=large_fields,
+                    small_fields=small_fields,
                 )
-                pri[p].append(r)
+                over[key].append(r)
                 print(
-                    f"  priority: small job at {p}: {r.small_s:.1f} s, large job "
+                    f"  small job, {key}: {r.small_s:.1f} s, large job "
                     f"{100 * r.large_done:.0f}% done then, ended {r.large_after_s:.1f} s later",
                     flush=True,
                 )
@@ -237,31 +255,39 @@ async def bench(args: argparse.Namespace, settings: Settings, model: str, work: 
                     flush=True,
                 )
     await pool.close()
-    report(args, pri, fair)
+    report(args, over, fair)
 
 
 def report(
-    args: argparse.Namespace, pri: dict[int, list[PriorityRound]], fair: dict[str, list[FairRound]]
+    args: argparse.Namespace,
+    over: dict[str, list[OvertakeRound]],
+    fair: dict[str, list[FairRound]],
 ) -> None:
     med = statistics.median
     print(
         f"\nmedians of {args.repeats} rounds; one GPU worker running {args.gpu_slots} shards at "
         f"once; {args.shard_size} items a shard, {args.max_tokens} tokens an item"
     )
-    print(
-        f"(a) large job {args.large_shards * args.shard_size} items at priority 5, small job "
-        f"{args.small_rows} items submitted once {args.backlog} of its generate steps queue:"
+
+    def overtake(title: str, ours: str, peer: str) -> None:
+        print(title)
+        for key in (ours, peer):
+            runs = over[key]
+            print(
+                f"  {key:18} small job ends {med(r.small_s for r in runs):5.1f} s after submit; "
+                f"large job {100 * med(r.large_done for r in runs):3.0f}% done then, ends "
+                f"{med(r.large_after_s for r in runs):5.1f} s after it"
+            )
+        ratio = med(r.small_s for r in over[peer]) / med(r.small_s for r in over[ours])
+        print(f"  small job's time, peer / ours: {ratio:.2f}x")
+
+    what = (
+        f"large job {args.large_shards * args.shard_size} items (all shards at once), small job "
+        f"{args.small_rows} items submitted once {args.backlog} of the large job's generate "
+        "steps queue"
     )
-    for p in (1, 5):
-        runs = pri[p]
-        print(
-            f"  small at priority {p}{' (peer)' if p == 5 else ''}: ends "
-            f"{med(r.small_s for r in runs):.1f} s after submit; large job "
-            f"{100 * med(r.large_done for r in runs):.0f}% done then, ends "
-            f"{med(r.large_after_s for r in runs):.1f} s after it"
-        )
-    speedup = med(r.small_s for r in pri[5]) / med(r.small_s for r in pri[1])
-    print(f"  small job's time, priority 5 / priority 1: {speedup:.1f}x")
+    overtake(f"(a) priority: {what}, large at priority 5:", "priority 1", "priority 5 (peer)")
+    overtake(f"(c) a late tenant: {what}, large as team-a:", "tenant team-b", "no tenants (peer)")
     print(
         f"(b) two tenants, {args.tenant_rows} items each, submitted at once (window "
         f"{args.window} shards each); GPU throughput while both run, from items.finished_at:"
@@ -283,7 +309,7 @@ def main() -> None:
     parser.add_argument("--shard-size", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--gpu-slots", type=int, default=2, help="shards the GPU worker runs")
-    parser.add_argument("--large-shards", type=int, default=12)
+    parser.add_argument("--large-shards", type=int, default=24)
     parser.add_argument("--small-rows", type=int, default=20)
     parser.add_argument("--backlog", type=int, default=4)
     parser.add_argument("--tenant-rows", type=int, default=800)
