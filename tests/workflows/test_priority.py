@@ -25,6 +25,7 @@ from llmbatch.contract.messages import JobProgress
 from llmbatch.contract.names import GENERATE, PROGRESS_QUERY, shard_workflow_id
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from tests.fixtures.worker_processes import job_result
+from tests.llmbatch.cli.test_jobs import cli
 from workers.cpu import cpu_worker
 
 if TYPE_CHECKING:  # vLLM takes ~15 s to import: only tests that use the engine pay
@@ -131,7 +132,7 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
         priority=5,
         max_concurrent_shards=LARGE_SHARDS,
     )
-    small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1)
+    small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant="urgent-team")
     pool = await ledger.create_pool(pg_dsn)
     large_handle, _ = await start_job(temporal_client, large, settings=workers)
     try:
@@ -158,6 +159,18 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
         assert large_then.succeeded < large.shard_size * LARGE_SHARDS // 2, large_then
         progress = await large_handle.query(PROGRESS_QUERY, result_type=JobProgress)
         assert (progress.priority, small_summary.priority) == (5, 1)
+
+        # What operators see: status and list name each job's priority and tenant.
+        code, out, _ = await cli(workers, "status", small.job_id)
+        assert code == 0 and "priority 1, tenant urgent-team" in out, out
+        code, out, _ = await cli(workers, "list", "--json", "--limit", "50")
+        listed = {row["job_id"]: row for row in json.loads(out)}
+        assert code == 0
+        assert (listed[small.job_id]["priority"], listed[small.job_id]["tenant"]) == (
+            1,
+            "urgent-team",
+        )
+        assert (listed[large.job_id]["priority"], listed[large.job_id]["tenant"]) == (5, None)
     finally:
         # The rest of the large job proves nothing more: cancel it (it may have ended).
         await large_handle.cancel()
