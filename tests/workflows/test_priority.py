@@ -42,6 +42,7 @@ MAX_TOKENS = 96
 # The small job is submitted once at least this many of the large job's generate
 # steps wait unstarted.
 BACKLOG = 4
+TENANT = "batch-team"
 
 
 @pytest_asyncio.fixture
@@ -130,9 +131,12 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
         LARGE_SHARDS * SHARD_SIZE,
         model_name,
         priority=5,
+        tenant=TENANT,
         max_concurrent_shards=LARGE_SHARDS,
     )
-    small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant="urgent-team")
+    # One tenant for both, so that only their priorities differ (another tenant's job
+    # would overtake the queue by fairness alone).
+    small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant=TENANT)
     pool = await ledger.create_pool(pg_dsn)
     large_handle, _ = await start_job(temporal_client, large, settings=workers)
     try:
@@ -162,15 +166,12 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
 
         # What operators see: status and list name each job's priority and tenant.
         code, out, _ = await cli(workers, "status", small.job_id)
-        assert code == 0 and "priority 1, tenant urgent-team" in out, out
+        assert code == 0 and f"priority 1, tenant {TENANT}" in out, out
         code, out, _ = await cli(workers, "list", "--json", "--limit", "50")
         listed = {row["job_id"]: row for row in json.loads(out)}
         assert code == 0
-        assert (listed[small.job_id]["priority"], listed[small.job_id]["tenant"]) == (
-            1,
-            "urgent-team",
-        )
-        assert (listed[large.job_id]["priority"], listed[large.job_id]["tenant"]) == (5, None)
+        assert (listed[small.job_id]["priority"], listed[small.job_id]["tenant"]) == (1, TENANT)
+        assert (listed[large.job_id]["priority"], listed[large.job_id]["tenant"]) == (5, TENANT)
     finally:
         # The rest of the large job proves nothing more: cancel it (it may have ended).
         await large_handle.cancel()
