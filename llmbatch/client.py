@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -24,6 +25,7 @@ from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import BatchJobInput, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
+from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import JobSpec
 from llmbatch.security.codec import EncryptionCodec, Keyring, KeyringError, load_keyring
 from llmbatch.security.connection import (
@@ -123,13 +125,10 @@ async def start_job(
             result_type=JobSummary,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=TypedSearchAttributes(
-                [
-                    SearchAttributePair(sa.JOB_ID, spec.job_id),
-                    SearchAttributePair(sa.MODEL, spec.model),
-                ]
-            ),
+            search_attributes=job_search_attributes(spec),
             static_summary=f"{spec.job_id}: {spec.model} over {', '.join(spec.inputs)[:200]}",
+            # The job's own workflow tasks; its shards and steps are given it too.
+            priority=task_priority(spec),
         )
     except WorkflowAlreadyStartedError:
         return client.get_workflow_handle(spec.job_id, result_type=JobSummary), False
@@ -137,6 +136,19 @@ async def start_job(
     # running job; the SDK keeps that answer on the handle but has no public accessor.
     response = getattr(handle, "_start_workflow_response", None)
     return handle, bool(getattr(response, "started", True))
+
+
+def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
+    """What a job is found by in the Web UI from its start: its id and model, and its
+    priority and tenant when the spec sets them."""
+    pairs: list[SearchAttributePair[Any]] = [SearchAttributePair(sa.MODEL, spec.model)]
+    if spec.job_id:  # a Schedule's spec has none: each run takes its workflow id
+        pairs.insert(0, SearchAttributePair(sa.JOB_ID, spec.job_id))
+    if spec.priority is not None:
+        pairs.append(SearchAttributePair(sa.JOB_PRIORITY, str(spec.priority)))
+    if spec.tenant is not None:
+        pairs.append(SearchAttributePair(sa.TENANT, spec.tenant))
+    return TypedSearchAttributes(pairs)
 
 
 async def model_has_worker(client: Client, settings: Settings, model: str) -> bool:

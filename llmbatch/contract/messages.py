@@ -87,6 +87,10 @@ class JobProgress(BaseModel):
     started_at: str | None = None
     failed_shards: list[int] = Field(default_factory=list)
     paused: bool = Field(default=False, description="Paused by the pause update.")
+    priority: int | None = Field(
+        default=None, description="The spec's task-queue priority; None: Temporal's default."
+    )
+    tenant: str | None = Field(default=None, description="The spec's tenant (fairness key).")
 
     @property
     def items_done(self) -> int:
