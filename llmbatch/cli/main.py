@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from llmbatch.cli import control, demo, dev, dlq, jobs, migrate, schedules, worker
+from llmbatch.cli import api, control, demo, dev, dlq, jobs, migrate, schedules, worker
 from llmbatch.cli.common import leave_if_client_command
 
 
@@ -39,6 +39,7 @@ app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
 jobs.register(app)
 control.register(app)
+api.register(app)
 
 
 if __name__ == "__main__":

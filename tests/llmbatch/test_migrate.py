@@ -88,6 +88,7 @@ async def test_the_project_schema(empty_db_dsn: str) -> None:
         "items",
         "jobs",
         "schema_migrations",
+        "served_models",
         "shards",
     ]
 
