@@ -90,6 +90,7 @@ class GenerateActivities:
                 yield GenerationRequest(
                     request_id=f"{lease}:{index}",
                     messages=r.messages,
+                    prompt=r.prompt,
                     sampling=r.sampling or spec.sampling,
                 )
 

@@ -119,7 +119,10 @@ class Settings(BaseSettings):
         default=1024, gt=0, description="Memory a render process may take beyond its start."
     )
 
-    # The OpenAI Batch API server (`llm-batch serve`, llmbatch.api).
+    # The OpenAI Batch API (`llm-batch serve`): validation refuses a larger batch file.
+    api_max_requests_per_batch: int = Field(
+        default=50_000, ge=1, description="Most requests one batch file may hold (OpenAI's)."
+    )
     api_port: int = Field(
         default=8000,
         description="Port of `llm-batch serve` (its --port), and the one `dev up` and the "
@@ -129,11 +132,6 @@ class Settings(BaseSettings):
         default=200 << 20,
         gt=0,
         description="Largest file `POST /v1/files` accepts (OpenAI's batch input limit, 200 MB).",
-    )
-    api_max_requests_per_batch: int = Field(
-        default=50_000,
-        gt=0,
-        description="Most lines a batch's input file may have (OpenAI's limit, 50,000).",
     )
     api_max_batches_in_progress: int = Field(
         default=100,
