@@ -138,6 +138,18 @@ class Settings(BaseSettings):
         gt=0,
         description="Batches of one project that may be unfinished at once; one more answers 429.",
     )
+    api_shard_size: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Requests per shard of an API batch (a job's shard_size).",
+    )
+    api_max_concurrent_shards: int = Field(
+        default=4,
+        ge=1,
+        le=500,
+        description="Shards of one API batch that run at once (a job's max_concurrent_shards).",
+    )
     api_upload_part_bytes: int = Field(
         default=8 << 20,
         ge=5 << 20,
