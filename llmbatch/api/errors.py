@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 class ErrorType(enum.StrEnum):
     """OpenAI's ``error.type`` values that this API answers."""
 
+    # OpenAI answers a bad or missing key with this type too (and code invalid_api_key).
     INVALID_REQUEST = "invalid_request_error"
-    AUTHENTICATION = "authentication_error"
     RATE_LIMIT = "rate_limit_error"
     SERVER = "server_error"
 

@@ -39,7 +39,7 @@ def serve(
         host=host,
         port=port if port is not None else settings.api_port,
         log_level="info",
-        # One process per server; replicas scale it out. Its own access log suffices.
+        # No "server: uvicorn" header: callers need not learn what runs behind the API.
         server_header=False,
     )
 
