@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -82,3 +83,43 @@ async def test_only_purpose_batch_is_taken(api_server: ApiServer, api_keys: Keys
         client.files.create(file=("a.jsonl", b"{}\n"), purpose="fine-tune")
     assert_openai_error(caught.value, status=400, param="purpose")
     assert client.files.list().data == []
+
+
+async def test_a_hand_made_multipart_body_with_the_file_first_is_read_whole(
+    api_server: ApiServer, api_keys: Keys
+) -> None:
+    """Another client may send the file before ``purpose`` and name it with a path."""
+    key = await api_keys.new()
+    data = b"\n".join([b'{"a": 1}'] * 50_000)  # no trailing newline: 50,000 lines
+    boundary = "b0undary"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        f'filename="C:\\\\dir\\\\in.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n'
+    ).encode()
+    body += (
+        data
+        + f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n'.encode()
+    )
+    body += f"batch\r\n--{boundary}--\r\n".encode()
+    async with httpx.AsyncClient(base_url=api_server.base_url) as http:
+        answer = await http.post(
+            "/files",
+            content=body,
+            headers={
+                "Authorization": f"Bearer {key}",
+                "Content-Type": f"multipart/form-data; boundary={boundary}",
+            },
+        )
+        assert answer.status_code == 200, answer.text
+        f = answer.json()
+        assert (f["filename"], f["bytes"], f["purpose"]) == ("in.jsonl", len(data), "batch")
+        got = await http.get(
+            f"/files/{f['id']}/content", headers={"Authorization": f"Bearer {key}"}
+        )
+        assert got.content == data
+        broken = await http.post(
+            "/files",
+            content=b"not multipart",
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "text/plain"},
+        )
+        assert broken.status_code == 400 and broken.json()["error"]["param"] == "file"
