@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -432,12 +431,3 @@ class BatchValidator:
                 "body.model",
             )
         return None
-
-
-def custom_ids(records: Iterable[bytes | None]) -> Iterator[str]:
-    """The custom_id of each line of a validated batch file (its non-blank lines)."""
-    for data in records:
-        if data is None:
-            raise InvalidRequest("a line of a validated batch is too long to read")
-        request = json.loads(data)
-        yield str(request["custom_id"])

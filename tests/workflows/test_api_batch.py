@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
+from temporalio.worker import Replayer
 
 from llmbatch import ledger, storage
 from llmbatch.api import layout
@@ -23,6 +24,9 @@ from llmbatch.contract.messages import JobControlState, JobSummary
 from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
+from tests.llmbatch.cli.test_control import eventually
+from tests.llmbatch.cli.test_jobs import cli
+from workflows.batch_job import BatchJobWorkflow
 
 pytestmark = pytest.mark.slow
 
@@ -116,6 +120,10 @@ async def start_batch(
     return handle
 
 
+async def batch_status(pool: asyncpg.Pool, batch_id: str) -> str:
+    return str(await pool.fetchval("SELECT status FROM api_batches WHERE batch_id = $1", batch_id))
+
+
 async def batch_row(pool: asyncpg.Pool, batch_id: str) -> dict[str, Any]:
     row = await pool.fetchrow("SELECT * FROM api_batches WHERE batch_id = $1", batch_id)
     assert row is not None
@@ -146,6 +154,12 @@ async def batch_files(
         assert row["filename"] == f"{batch['batch_id']}_{kind}.jsonl"
         found.append(file_lines(settings, dict(row)))
     return found[0], found[1]
+
+
+async def replays(client: Client, handle: WorkflowHandle[Any, JobSummary]) -> None:
+    """The batch's history replays on today's code: its new steps are deterministic."""
+    replayer = Replayer(workflows=[BatchJobWorkflow], data_converter=client.data_converter)
+    await replayer.replay_workflow(await handle.fetch_history())
 
 
 async def until(condition: Any) -> None:
@@ -236,6 +250,7 @@ async def test_a_good_batch_completes_with_one_output_and_one_error_file_in_inpu
         body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
     )
     assert err[0]["response"] is None and err[0]["error"]["code"] == "InvalidRequest"
+    await replays(temporal_client, handle)
 
 
 async def run_until_first_shard_done_then_pause(
@@ -246,7 +261,11 @@ async def run_until_first_shard_done_then_pause(
 
     async def first_shard_done() -> bool:
         rows = await ledger.shard_results(pool, job_id=handle.id, shard=0)
-        return bool(rows) and all(r.status is ItemStatus.SUCCEEDED for r in rows)
+        if bool(rows) and all(r.status is ItemStatus.SUCCEEDED for r in rows):
+            return True
+        # Say so at once if the batch ended first (its window passed on a slow machine).
+        assert await batch_status(pool, handle.id) in ("validating", "in_progress")
+        return False
 
     await until(first_shard_done)
     control = await handle.execute_update(PAUSE_UPDATE, result_type=JobControlState)
@@ -283,7 +302,9 @@ async def test_a_short_window_expires_keeping_finished_results(
         pool,
         jsonl(lines),
         model=model_name,
-        window_s=20,
+        # Long enough for the first shard of two tiny requests on a loaded machine; the
+        # test waits for it, then for the window (the test's one fixed wait).
+        window_s=30,
         shard_size=2,
         max_concurrent_shards=1,
     )
@@ -303,6 +324,21 @@ async def test_a_short_window_expires_keeping_finished_results(
         done,
         len(ids) - done,
     )
+
+    # The CLI names the job's state: `status` from its summary, `list` from its memo.
+    code, out, err = await cli(workers, "status", handle.id, "--json")
+    assert code == 0, err
+    assert json.loads(out)["state"] == JobState.EXPIRED
+
+    async def listed() -> dict[str, Any] | None:
+        code, out, err = await cli(workers, "list", "--json", "--limit", "100")
+        assert code == 0, err
+        row = {r["job_id"]: r for r in json.loads(out)}.get(handle.id)
+        return row if row and row["status"] == "completed" else None  # visibility lags
+
+    listed_row = await eventually(listed, within_s=30)
+    assert listed_row["state"] == JobState.EXPIRED
+    await replays(temporal_client, handle)
 
 
 async def test_cancel_mid_way_ends_cancelled_with_partial_results(
@@ -331,3 +367,4 @@ async def test_cancel_mid_way_ends_cancelled_with_partial_results(
     batch = await batch_row(pool, handle.id)
     assert batch["status"] == BatchStatus.CANCELLED and batch["cancelled_at"] is not None
     await check_partial(workers, pool, batch, ids, code="batch_cancelled")
+    await replays(temporal_client, handle)
