@@ -73,6 +73,26 @@ class Settings(BaseSettings):
         "model before its items die as NoWorker (seconds or an ISO 8601 duration).",
     )
 
+    # Payload encryption (llmbatch.security.codec): a keyring as JSON, or a file of it;
+    # neither set, the state folder's codec-keys.json (`llm-batch dev up --encrypt`).
+    codec_keys: SecretStr | None = Field(
+        default=None,
+        description='The payload-encryption keyring as JSON: {"current": ID, "keys": '
+        "{ID: base64 of 32 bytes}}. Set, every payload llm-batch puts in Temporal is "
+        "encrypted with the current key.",
+    )
+    codec_keys_file: Path | None = Field(
+        default=None, description="A file holding the keyring (see codec_keys)."
+    )
+    codec_server_api_key: SecretStr | None = Field(
+        default=None,
+        description="The key `llm-batch codec-server` asks of every request "
+        "(Authorization: Bearer KEY).",
+    )
+    codec_server_port: int = Field(
+        default=8234, description="The embedded stack's codec server port (dev up --encrypt)."
+    )
+
     postgres_dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:55432/llmbatch")
     migrations_dir: Path | None = Field(
         default=None,

@@ -6,5 +6,6 @@ pytest_plugins = [
     "tests.fixtures.buckets",
     "tests.fixtures.model",
     "tests.fixtures.workers",
+    "tests.fixtures.tls",
     "tests.fixtures.api_server",
 ]

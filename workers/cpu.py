@@ -90,7 +90,8 @@ async def run_cpu_worker(settings: Settings) -> None:
             await serve(
                 build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)),
                 name=name,
-                ready=f"{name} polling {settings.cpu_task_queue} on {settings.temporal_address}",
+                ready=f"{name} polling {settings.cpu_task_queue} on "
+                f"{client.service_client.config.target_host}",
             )
         finally:
             await pool.close()
