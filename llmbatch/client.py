@@ -157,10 +157,15 @@ async def model_has_worker(client: Client, settings: Settings, model: str) -> bo
     Temporal lists a poller for a few minutes after its last poll, so a worker that
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
     """
+    return await queue_has_pollers(client, settings.gpu_task_queue(model))
+
+
+async def queue_has_pollers(client: Client, task_queue: str) -> bool:
+    """Whether a worker polls ``task_queue`` for activities (see :func:`model_has_worker`)."""
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
-            task_queue=TaskQueue(name=settings.gpu_task_queue(model)),
+            task_queue=TaskQueue(name=task_queue),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
         )
     )

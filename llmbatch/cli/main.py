@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from llmbatch.cli import codec, control, demo, dev, dlq, jobs, migrate, schedules, worker
+from llmbatch.cli import api, codec, control, demo, dev, dlq, jobs, migrate, schedules, worker
 from llmbatch.cli.common import leave_if_client_command
 
 
@@ -41,6 +41,7 @@ app.command("codec-server")(codec.codec_server)
 app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
 jobs.register(app)
 control.register(app)
+api.register(app)
 
 
 if __name__ == "__main__":
