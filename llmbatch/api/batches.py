@@ -231,6 +231,8 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         output_uri=layout.batch_output_uri(settings.s3_bucket),
         shard_size=settings.api_shard_size,
         max_concurrent_shards=settings.api_max_concurrent_shards,
+        # Projects share the workers fairly: each is its batches' tenant.
+        tenant=project,
         api_batch=ApiBatch(
             project=project,
             endpoint=body.endpoint,

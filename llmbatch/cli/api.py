@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
 
 from llmbatch.cli.common import CliError, emit_json, out, run
 from llmbatch.config import Settings
+from llmbatch.contract.priority import TENANT_PATTERN
 
 keys_app = typer.Typer(no_args_is_help=True)
 
@@ -68,8 +70,11 @@ def create_key(
 async def _create(settings: Settings, *, project: str, as_json: bool) -> None:
     from llmbatch.api.auth import create_key as new_key
 
-    if not project.strip() or len(project) > 128:
-        raise CliError("--project must be 1 to 128 characters")
+    if re.fullmatch(TENANT_PATTERN, project) is None:
+        # A project is its batches' tenant, so it is named as tenants are.
+        raise CliError(
+            "--project must be 1 to 64 characters: letters, digits and ._:@/- (not first)"
+        )
     pool = await _pool(settings)
     try:
         key = await new_key(pool, project=project)

@@ -138,7 +138,9 @@ class ApiBatch(_Strict):
     end as one output file and one error file registered as API files.
     """
 
-    project: str = Field(min_length=1, max_length=128)
+    # A project is also the batch's tenant (its fair share of the workers), so it is
+    # named as tenants are.
+    project: str = Field(pattern=TENANT_PATTERN)
     endpoint: ApiEndpoint
     completion_window_s: int = Field(
         ge=1, description="Seconds from creation after which unfinished requests stop."
