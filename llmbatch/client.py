@@ -21,7 +21,7 @@ from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import BatchJobInput, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
-from llmbatch.contract.spec import JobSpec
+from llmbatch.contract.spec import JobSpec, Task
 
 
 class TemporalUnavailable(RuntimeError):
@@ -87,8 +87,11 @@ async def start_job(
     return handle, bool(getattr(response, "started", True))
 
 
-async def model_has_worker(client: Client, settings: Settings, model: str) -> bool:
-    """Whether a GPU worker polls ``model``'s queue (Temporal's DescribeTaskQueue).
+async def model_has_worker(
+    client: Client, settings: Settings, model: str, *, task: Task = Task.GENERATE
+) -> bool:
+    """Whether a GPU worker polls ``model``'s queue for ``task`` (Temporal's
+    DescribeTaskQueue).
 
     Temporal lists a poller for a few minutes after its last poll, so a worker that
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
@@ -96,7 +99,7 @@ async def model_has_worker(client: Client, settings: Settings, model: str) -> bo
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
-            task_queue=TaskQueue(name=settings.gpu_task_queue(model)),
+            task_queue=TaskQueue(name=settings.gpu_task_queue(model, task)),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
         )
     )

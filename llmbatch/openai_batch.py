@@ -1,19 +1,24 @@
 """OpenAI batch JSONL: request lines in, OpenAI-shaped output and error lines out.
 
-Input lines are ``{custom_id, method, url, body}`` with ``url`` = /v1/chat/completions.
-Output follows the OpenAI Batch API: one output line per succeeded request and one
-error-file line per failed request, matched by ``custom_id``.
+Input lines are ``{custom_id, method, url, body}`` with ``url`` = /v1/chat/completions
+(generate jobs) or /v1/embeddings (embed jobs). Output follows the OpenAI Batch API:
+one output line per succeeded request and one error-file line per failed request,
+matched by ``custom_id``.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
 from llmbatch.config import model_identity
-from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec, Task
 
-CHAT_COMPLETIONS_URL = "/v1/chat/completions"
+CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
+EMBEDDINGS_URL = ApiEndpoint.EMBEDDINGS.value
+# The request kind each task runs.
+TASK_URLS = {Task.GENERATE: CHAT_COMPLETIONS_URL, Task.EMBED: EMBEDDINGS_URL}
 # A line's body.model is quoted in its error, cut to this: a row may hold anything there.
 MODEL_NAME_CHARS = 200
 
@@ -65,23 +70,81 @@ def parse_request(
     A line may leave ``body.model`` out (the job's model runs it); a line naming
     another model is refused, never run on the job's: its caller asked for that model.
     """
-    custom_id = line.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        raise InvalidRequest("custom_id is missing or not a string")
-    if line.get("url") != CHAT_COMPLETIONS_URL:
-        raise InvalidRequest(
-            f"url {line.get('url')!r} is not supported; use {CHAT_COMPLETIONS_URL}"
-        )
-    if str(line.get("method", "POST")).upper() != "POST":
-        raise InvalidRequest("method must be POST")
-    body = line.get("body")
-    if not isinstance(body, dict):
-        raise InvalidRequest("body is missing or not an object")
+    custom_id, body = _line(line, Task.GENERATE)
     _check_model(body.get("model"), model)
     _check_parameters(body)
     if body.get("n", 1) != 1:
         raise InvalidRequest("n other than 1 is not supported")
     return custom_id, _messages(body.get("messages")), _sampling(body, defaults)
+
+
+class WrongTask(UnsupportedParameter):
+    """A line of the other task's kind (a /v1/embeddings line in a generate job, or the
+    other way round): every line of a file is alike, so planning refuses the job."""
+
+
+def _line(line: dict[str, Any], task: Task) -> tuple[str, dict[str, Any]]:
+    """(custom_id, body) of a line for a ``task`` job; raise InvalidRequest."""
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise InvalidRequest("custom_id is missing or not a string")
+    url = line.get("url")
+    if url != TASK_URLS[task]:
+        other = next((t for t, u in TASK_URLS.items() if u == url), None)
+        if other is not None:
+            raise WrongTask(f"url {url} is a {other} request; submit it as a {other} job")
+        raise InvalidRequest(f"url {url!r} is not supported; use {TASK_URLS[task]}")
+    if str(line.get("method", "POST")).upper() != "POST":
+        raise InvalidRequest("method must be POST")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise InvalidRequest("body is missing or not an object")
+    return custom_id, body
+
+
+# /v1/embeddings body parameters llm-batch runs (OpenAI's, less token-id input).
+EMBEDDING_PARAMETERS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
+ENCODING_FORMATS = ("float", "base64")
+
+
+def parse_embedding_request(
+    line: dict[str, Any], *, defaults: EmbedSpec, model: str
+) -> tuple[str, list[str], EmbedSpec]:
+    """Map one /v1/embeddings batch line of an embed job on ``model`` to (custom_id,
+    texts, embed options); raise InvalidRequest. ``input`` is a string or a list of
+    strings (one vector each); token-id input is refused."""
+    custom_id, body = _line(line, Task.EMBED)
+    _check_model(body.get("model"), model)
+    for name in sorted(body):
+        if name not in EMBEDDING_PARAMETERS and body[name] is not None:
+            raise UnsupportedParameter(
+                f"body.{name} is not supported; supported: "
+                + ", ".join(sorted(EMBEDDING_PARAMETERS))
+            )
+    raw = body.get("input")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts:
+        raise InvalidRequest("body.input must be a string or a non-empty list of strings")
+    if not all(isinstance(t, str) for t in texts):
+        raise InvalidRequest("body.input: only text input is supported (not token ids)")
+    if any(not t for t in texts):
+        raise InvalidRequest("body.input holds an empty string")
+    encoding_format(body)
+    options = defaults
+    if body.get("dimensions") is not None:
+        try:
+            options = defaults.with_overrides({"dimensions": body["dimensions"]})
+        except ValueError as exc:
+            raise InvalidRequest(f"invalid dimensions: {body['dimensions']!r}") from exc
+    return custom_id, texts, options
+
+
+def encoding_format(body: Any) -> str:
+    """The line's ``encoding_format`` (default ``float``); raise InvalidRequest."""
+    value = (body.get("encoding_format") if isinstance(body, dict) else None) or "float"
+    if value not in ENCODING_FORMATS:
+        raise InvalidRequest(f"encoding_format {value!r} is not supported; use float or base64")
+    return str(value)
 
 
 def _check_model(named: Any, model: str) -> None:
@@ -214,4 +277,43 @@ def error_line(*, job_id: str, custom_id: str, code: str, message: str) -> dict[
         "custom_id": custom_id,
         "response": None,
         "error": {"code": code, "message": message},
+    }
+
+
+def embedding_output_line(
+    *,
+    job_id: str,
+    custom_id: str,
+    model: str,
+    vectors: list[list[float]] | list[bytes],
+    encoding: str,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    """A succeeded /v1/embeddings request, as the OpenAI Batch API writes it. With
+    ``encoding`` base64, ``vectors`` are the little-endian float32 bytes of each."""
+    key = _short_hash(job_id, custom_id)
+    data = [
+        {
+            "object": "embedding",
+            "embedding": base64.b64encode(v).decode() if isinstance(v, bytes) else v,
+            "index": index,
+        }
+        for index, v in enumerate(vectors)
+    ]
+    if encoding != "base64" and any(isinstance(v, bytes) for v in vectors):
+        raise ValueError("float encoding wants lists of floats")
+    return {
+        "id": f"batch_req_{key}",
+        "custom_id": custom_id,
+        "response": {
+            "status_code": 200,
+            "request_id": f"req_{key}",
+            "body": {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            },
+        },
+        "error": None,
     }

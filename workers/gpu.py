@@ -1,5 +1,8 @@
 """The GPU worker: one vLLM engine per process, serving ``generate`` for its model.
 
+A worker serves one task: generate (vLLM's generate runner) or embed (its pooling
+runner). Both run the same ``generate`` activity loop, on a queue named for the task.
+
 The engine is built once at start (model load paid once) and shared by several
 concurrent ``generate`` activities, each keeping many requests in flight, so
 continuous batching always has work queued while other shards read or write.
@@ -12,6 +15,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import psutil
 from temporalio.client import Client
@@ -22,6 +26,7 @@ from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
+from llmbatch.contract.spec import Task
 from llmbatch.engine import Engine, EngineOptions
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
@@ -40,17 +45,19 @@ def build_gpu_worker(
     max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
     max_in_flight: int | None = None,
     on_engine_dead: Callable[[BaseException], None] | None = None,
+    task: Task = Task.GENERATE,
 ) -> Worker:
-    """A worker on ``model``'s GPU queue running ``generate`` on ``engine``."""
+    """A worker on ``model``'s GPU queue for ``task`` running ``generate`` on ``engine``."""
     generate = GenerateActivities(
         ctx,
         engine,
         max_in_flight=max_in_flight or engine.default_max_in_flight,
         on_engine_dead=on_engine_dead,
+        task=task,
     )
     return Worker(
         client,
-        task_queue=ctx.settings.gpu_task_queue(model),
+        task_queue=ctx.settings.gpu_task_queue(model, task),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
         # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
@@ -68,6 +75,7 @@ async def gpu_worker(
     max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
     max_in_flight: int | None = None,
     on_engine_dead: Callable[[BaseException], None] | None = None,
+    task: Task = Task.GENERATE,
 ) -> AsyncIterator[Worker]:
     """Run a GPU worker on an already started engine for the duration of the block."""
     client = client or await connect(settings)
@@ -81,6 +89,7 @@ async def gpu_worker(
             max_concurrent_activities=max_concurrent_activities,
             max_in_flight=max_in_flight,
             on_engine_dead=on_engine_dead,
+            task=task,
         )
         async with worker:
             yield worker
@@ -94,12 +103,13 @@ async def run_gpu_worker(
     *,
     max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
     max_in_flight: int | None = None,
+    task: Task = Task.GENERATE,
 ) -> int:
     """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
     telemetry.install(component="gpu-worker")
     # The cheap checks first: a bad DSN fails in a second, not after the model loads.
     client = await check_services(settings)
-    engine = await Engine.start(options)
+    engine = await Engine.start(options.for_task(task))
     dead = asyncio.Event()
 
     def engine_died(exc: BaseException) -> None:
@@ -118,12 +128,13 @@ async def run_gpu_worker(
                 max_concurrent_activities=max_concurrent_activities,
                 max_in_flight=max_in_flight,
                 on_engine_dead=engine_died,
+                task=task,
             )
             await serve(
                 worker,
                 name=name,
-                ready=f"{name} for {options.model} polling "
-                f"{settings.gpu_task_queue(options.model)} on {settings.temporal_address}",
+                ready=f"{name} ({task}) for {options.model} polling "
+                f"{settings.gpu_task_queue(options.model, task)} on {settings.temporal_address}",
                 also=dead,
             )
         finally:
@@ -135,9 +146,9 @@ async def run_gpu_worker(
     return 1 if dead.is_set() else 0
 
 
-def main(settings: Settings, options: EngineOptions, **kwargs: int | None) -> None:
+def main(settings: Settings, options: EngineOptions, **kwargs: Any) -> None:
     try:
-        code = asyncio.run(run_gpu_worker(settings, options, **kwargs))  # type: ignore[arg-type]
+        code = asyncio.run(run_gpu_worker(settings, options, **kwargs))
     finally:
         _kill_engine_processes()
     sys.exit(code)

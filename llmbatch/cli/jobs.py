@@ -17,7 +17,7 @@ from llmbatch.client import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.progress import format_duration
-from llmbatch.contract.spec import JobSpec
+from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import ErrorClass, JobState
 
 
@@ -96,7 +96,7 @@ async def _submit(
 ) -> None:
     await check_inputs(spec, settings)
     client = await connect(settings)
-    await _check_worker(client, spec.model, settings, require=require_worker)
+    await _check_worker(client, spec.model, settings, require=require_worker, task=spec.task)
     handle, started = await start_job(client, spec, settings=settings)
     if not started and not attach:
         await _refuse_other_spec(client, spec)
@@ -112,15 +112,18 @@ async def _submit(
         print_summary(summary, as_json=as_json)
 
 
-async def _check_worker(client: Client, model: str, settings: Settings, *, require: bool) -> None:
+async def _check_worker(
+    client: Client, model: str, settings: Settings, *, require: bool, task: Task = Task.GENERATE
+) -> None:
     """A job for a model nobody serves would wait for a worker: say so before it starts."""
-    if await model_has_worker(client, settings, model):
+    if await model_has_worker(client, settings, model, task=task):
         return
-    queue = settings.gpu_task_queue(model)
+    queue = settings.gpu_task_queue(model, task)
     if require:
+        flag = f" --task {task}" if task is not Task.GENERATE else ""
         raise CliError(
             f"no worker serves model {model} (task queue {queue}); start one with "
-            f"'llm-batch worker gpu --model {model}', or submit without --require-worker"
+            f"'llm-batch worker gpu --model {model}{flag}', or submit without --require-worker"
         )
     # Submitted anyway: a worker may be on its way (autoscaling, a restart).
     limit = format_duration(settings.generate_schedule_to_start.total_seconds())
