@@ -78,9 +78,10 @@ def parse_request(
     return custom_id, _messages(body.get("messages")), _sampling(body, defaults)
 
 
-class WrongTask(UnsupportedParameter):
+class WrongTask(InvalidRequest):
     """A line of the other task's kind (a /v1/embeddings line in a generate job, or the
-    other way round): every line of a file is alike, so planning refuses the job."""
+    other way round). One such line is dead-lettered; planning refuses a job whose
+    first lines all are (a file of the other kind, submitted without ``--task``)."""
 
 
 def _line(line: dict[str, Any], task: Task) -> tuple[str, dict[str, Any]]:
@@ -92,7 +93,7 @@ def _line(line: dict[str, Any], task: Task) -> tuple[str, dict[str, Any]]:
     if url != TASK_URLS[task]:
         other = next((t for t, u in TASK_URLS.items() if u == url), None)
         if other is not None:
-            raise WrongTask(f"url {url} is a {other} request; submit it as a {other} job")
+            raise WrongTask(f"url {url} is for {other} jobs (task {other!r}), not a {task} job")
         raise InvalidRequest(f"url {url!r} is not supported; use {TASK_URLS[task]}")
     if str(line.get("method", "POST")).upper() != "POST":
         raise InvalidRequest("method must be POST")

@@ -144,7 +144,10 @@ def _check_request_sample(spec: JobSpec, obj: storage.ObjectInfo, store_for: Sto
     """Refuse OpenAI batch input whose first requests ask for a parameter llm-batch does
     not run: every line is built alike, so the whole job would end dead-lettered.
     Other faults of a line stay that line's (it is dead-lettered, the rest runs)."""
+    wrong_task: list[str] = []
+    sampled = 0
     for line, request in formats.sample_objects(store_for(obj.uri), obj):
+        sampled += 1
         try:
             if spec.task is Task.EMBED:
                 openai_batch.parse_embedding_request(
@@ -154,8 +157,13 @@ def _check_request_sample(spec: JobSpec, obj: storage.ObjectInfo, store_for: Sto
                 openai_batch.parse_request(request, defaults=spec.sampling, model=spec.model)
         except openai_batch.UnsupportedParameter as exc:
             raise InvalidJobSpec(f"{obj.uri} line {line}: {exc}") from exc
+        except openai_batch.WrongTask as exc:
+            wrong_task.append(f"{obj.uri} line {line}: {exc}")
         except openai_batch.InvalidRequest:
             continue
+    if wrong_task and len(wrong_task) == sampled:
+        # Not one line of this job's kind: a file of the other kind, the task not given.
+        raise InvalidJobSpec(wrong_task[0])
 
 
 def _detect(objects: list[storage.ObjectInfo], store_for: StoreFor) -> InputFormat:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from llmbatch.demo import wait_for_pollers
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     job_result,
+    signal_group,
     stop_worker,
     until_done,
 )
@@ -118,6 +120,9 @@ async def embed_worker(
         )
         yield worker
     finally:
+        # Nothing left to finish gracefully: a kill spares the module the drain's wait.
+        with contextlib.suppress(ProcessLookupError):
+            signal_group(worker.proc, signal.SIGKILL)
         stop_worker(worker.proc)
 
 
@@ -193,7 +198,7 @@ async def test_every_row_once_as_a_fixed_size_vector_equal_to_vllms_own(
     reference: Any,
     tmp_path: Path,
 ) -> None:
-    data = rows(300)
+    data = rows(200)
     spec = embed_spec(
         write_rows(tmp_path / "rows.jsonl", data),
         tmp_path / "out",
@@ -204,10 +209,10 @@ async def test_every_row_once_as_a_fixed_size_vector_equal_to_vllms_own(
     )
     handle, _ = await start_job(temporal_client, spec, settings=embed_worker.settings)
     summary = await asyncio.wait_for(job_result(handle), 600)
-    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (300, 300, 0)
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (200, 200, 0)
 
     found = manifest(summary.manifest, embed_worker.settings)
-    assert found["embeddings"] == {"count": 300, "dimensions": DIM}
+    assert found["embeddings"] == {"count": 200, "dimensions": DIM}
     table = pa.concat_tables(
         [pq.read_table(p.removeprefix("file://")) for p in found["output_parts"]]
     )
@@ -358,7 +363,7 @@ async def test_openai_embeddings_lines_run_through_submit(
 async def test_a_killed_embed_worker_re_embeds_only_what_was_in_flight(
     embed_worker: EmbedWorker, temporal_client: Client, tmp_path: Path
 ) -> None:
-    total, shard = 4000, 500
+    total, shard = 2000, 250
     spec = embed_spec(
         write_rows(tmp_path / "rows.jsonl", rows(total)),
         tmp_path / "out",
