@@ -272,15 +272,14 @@ class _Recorder:
         )
         span.end()
 
-    def add(self, result: GenerationResult) -> None:
+    def add(self, result: GenerationResult | EmbeddingResult) -> None:
         request = self._todo[int(result.request_id.rsplit(":", 1)[1])]
-        item_id = request.item_id
         if result.latency_ms > 0:  # the engine ran it (not refused before submission)
             self._metrics.generation_duration.record(result.latency_ms / 1000.0, self._metric_attrs)
         if result.error_class is not None:
             self._dead.append(
                 ledger.DeadItem(
-                    item_id=item_id,
+                    item_id=request.item_id,
                     shard=self._input.shard,
                     error_class=result.error_class,
                     error_message=result.error_message or "",
@@ -288,6 +287,10 @@ class _Recorder:
                 )
             )
             return
+        self._keep(request.item_id, result)
+
+    def _keep(self, item_id: str, result: Any) -> None:
+        """Buffer a succeeded result for the next flush."""
         self._results.append(
             ledger.ItemResult(
                 item_id=item_id,
@@ -304,8 +307,11 @@ class _Recorder:
             )
         )
 
+    def _pending(self) -> int:
+        return len(self._results) + len(self._dead)
+
     def due(self) -> bool:
-        pending = len(self._results) + len(self._dead)
+        pending = self._pending()
         return pending >= FLUSH_EVERY_ITEMS or (
             pending > 0 and time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS
         )
@@ -371,28 +377,11 @@ class _EmbedRecorder(_Recorder):
         self._attempt_key = hashlib.sha256(lease.encode()).hexdigest()[:16]
         self._flushes = 0
 
-    def add(self, result: Any) -> None:
-        request = self._todo[int(result.request_id.rsplit(":", 1)[1])]
-        if result.latency_ms > 0:
-            self._metrics.generation_duration.record(result.latency_ms / 1000.0, self._metric_attrs)
-        if result.error_class is not None:
-            self._dead.append(
-                ledger.DeadItem(
-                    item_id=request.item_id,
-                    shard=self._input.shard,
-                    error_class=result.error_class,
-                    error_message=result.error_message or "",
-                    source=request.source,
-                )
-            )
-            return
-        self._embedded.append((request.item_id, result))
+    def _keep(self, item_id: str, result: Any) -> None:
+        self._embedded.append((item_id, result))
 
-    def due(self) -> bool:
-        pending = len(self._embedded) + len(self._dead)
-        return pending >= FLUSH_EVERY_ITEMS or (
-            pending > 0 and time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS
-        )
+    def _pending(self) -> int:
+        return len(self._embedded) + len(self._dead)
 
     async def flush(self) -> None:
         embedded, self._embedded = self._embedded, []

@@ -151,9 +151,14 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     elapsed = _elapsed(p)
     rate = p.items_done / elapsed if elapsed else 0.0
     # The job's workflow cannot see pollers, so the CLI asks Temporal itself.
-    waiting = p.state == JobState.RUNNING and not await model_has_worker(
-        await connect(settings), settings, p.model
-    )
+    waiting = False
+    task = Task.GENERATE
+    if p.state == JobState.RUNNING:
+        client = await connect(settings)
+        # The task names the queue (an embed job waits on an embedding worker's).
+        spec = await started_spec(client, job_id)
+        task = spec.task if spec is not None else Task.GENERATE
+        waiting = not await model_has_worker(client, settings, p.model, task=task)
     if as_json:
         data = p.model_dump(mode="json")
         data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
@@ -164,7 +169,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     if waiting:
         out.print(
             f"  [yellow]waiting for a worker serving {escape(p.model)}[/yellow]: none polls "
-            f"task queue {settings.gpu_task_queue(p.model)}",
+            f"task queue {settings.gpu_task_queue(p.model, task)}",
             highlight=False,
         )
     out.print(f"  shards: {p.shards_done}/{p.shards_total} done, running {p.shards_running}")
