@@ -135,9 +135,9 @@ def _render(
 ) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
     """Staged requests and dead items for ``rows``; ``rendered`` holds the template's
     outcome for the rows at the positions :func:`_templated` gives."""
-    # A re-drive's sampling fields win over the job's and the request's own.
     if spec.task is Task.EMBED:
         return _render_embed(spec, fmt, rows, shard=shard, overrides=overrides, rendered=rendered)
+    # A re-drive's sampling fields win over the job's and the request's own.
     default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
     dead: list[ledger.DeadItem] = []
@@ -195,7 +195,8 @@ def _render_embed(
     overrides: dict[str, Any],
     rendered: Mapping[int, Rendered],
 ) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
-    """:func:`_render` for an embed job: each row's texts to embed."""
+    """:func:`_render` for an embed job: each row's texts to embed. A re-drive's
+    ``truncate_prompt_tokens`` wins over the job's and the line's own options."""
     job_options = spec.embed_options
     default = job_options.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
@@ -205,7 +206,10 @@ def _render_embed(
         texts: list[str] = []
         options = default
         if row.error_class is not None or row.fields is None:
-            failure = (row.error_class or ErrorClass.INVALID_ROW, row.error or "row unreadable")
+            failure = (
+                row.error_class or ErrorClass.INVALID_ROW,
+                row.error or "row could not be read",
+            )
         elif fmt is InputFormat.OPENAI:
             try:
                 _, texts, own = openai_batch.parse_embedding_request(

@@ -544,7 +544,7 @@ class Engine:
                 return _embed_failed(request, ErrorClass.INVALID_REQUEST, str(exc.__cause__))
             raise
         vectors = [
-            output.outputs.data.to(dtype=torch.float32).contiguous().numpy().tobytes()
+            output.outputs.data.to(dtype=torch.float32).numpy().astype("<f4", copy=False).tobytes()
             for output in outputs
         ]
         return EmbeddingResult(
