@@ -123,10 +123,13 @@ async def _run_embed_demo(
         highlight=False,
     )
     out.print(
-        "  import pyarrow.parquet as pq, pyarrow.fs as fs\n"
+        "  import pyarrow.dataset as ds, pyarrow.fs as fs\n"
         f"  s3 = fs.S3FileSystem(endpoint_override={settings.s3_endpoint_url!r}, "
-        "access_key='...', secret_key='...', region='us-east-1')\n"
-        f"  table = pq.read_table('{bucket}/{prefix}/', filesystem=s3)\n"
+        "access_key=<LLMBATCH_S3_ACCESS_KEY_ID>, secret_key=<LLMBATCH_S3_SECRET_ACCESS_KEY>, "
+        f"region={settings.s3_region!r})\n"
+        # The folder holds the manifest and error files too: only Parquet parts are read.
+        f"  table = ds.dataset('{bucket}/{prefix}/', filesystem=s3, format='parquet', "
+        "exclude_invalid_files=True).to_table()\n"
         "  table.to_pandas()  # or polars.from_arrow(table), duckdb.arrow(table)\n"
         f"or see the first rows with: llm-batch results {spec.job_id}",
         markup=False,
