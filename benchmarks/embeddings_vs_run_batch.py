@@ -81,11 +81,12 @@ class PeakRss:
         self._roots = [r if isinstance(r, psutil.Process) else psutil.Process(r) for r in roots]
         self.peak = 0
         self.peaks = [0] * len(self._roots)
+        # Each process's own peak, by "<root pid>:<name>" (the engine's are VLLM::...).
+        self.by_process: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def _tree(root: psutil.Process) -> int:
+    def _tree(self, root: psutil.Process) -> int:
         try:
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
@@ -93,9 +94,13 @@ class PeakRss:
         total = 0
         for proc in procs:
             try:
-                total += proc.memory_info().rss
+                rss = proc.memory_info().rss
+                name = "main" if proc.pid == root.pid else proc.name()
             except psutil.Error:
-                pass
+                continue
+            total += rss
+            key = f"{root.pid}:{name}"
+            self.by_process[key] = max(self.by_process.get(key, 0), rss)
         return total
 
     def _run(self) -> None:
@@ -106,9 +111,12 @@ class PeakRss:
             self._stop.wait(0.2)
 
     def describe(self, names: Sequence[str]) -> str:
-        return ", ".join(
-            f"{name} {peak / 2**30:.2f}" for name, peak in zip(names, self.peaks, strict=True)
-        )
+        own = {str(root.pid): name for root, name in zip(self._roots, names, strict=True)}
+        parts = [f"{n} {p / 2**30:.2f}" for n, p in zip(names, self.peaks, strict=True)]
+        for key, peak in sorted(self.by_process.items()):
+            pid, _, name = key.partition(":")
+            parts.append(f"{own.get(pid, pid)}/{name} {peak / 2**30:.2f}")
+        return ", ".join(parts)
 
     def __enter__(self) -> PeakRss:
         self._thread.start()
