@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,8 +25,16 @@ from llmbatch import ledger, telemetry
 from llmbatch.config import model_identity
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput, TokenCounts
 from llmbatch.contract.names import GENERATE
+from llmbatch.contract.spec import Task
 from llmbatch.contract.states import FailureType, ItemStatus
-from llmbatch.engine import Engine, EngineDeadError, GenerationRequest, GenerationResult
+from llmbatch.engine import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    Engine,
+    EngineDeadError,
+    GenerationRequest,
+    GenerationResult,
+)
 from llmbatch.records import StagedRequest, load_jsonl
 
 log = logging.getLogger(__name__)
@@ -44,11 +53,15 @@ class GenerateActivities:
         *,
         max_in_flight: int,
         on_engine_dead: Callable[[BaseException], None] | None = None,
+        task: Task = Task.GENERATE,
     ) -> None:
         self._ctx = ctx
         self._engine = engine
         self._max_in_flight = max_in_flight
         self._on_engine_dead = on_engine_dead
+        # The task the engine was built for: an embed worker's engine is vLLM's pooling
+        # runner, and the same activity loop drives it (see _EmbedRecorder).
+        self._task = task
 
     @activity.defn(name=GENERATE)
     async def generate(self, input: ShardInput) -> GenerateResult:
@@ -79,20 +92,28 @@ class GenerateActivities:
             attempt=info.attempt,
         )
         todo = [r for r in requests.values() if r.item_id in claimed]
-        recorder = _Recorder(self._ctx, input, lease, progress, todo)
+        embed = self._task is Task.EMBED
+        recorder = (_EmbedRecorder if embed else _Recorder)(self._ctx, input, lease, progress, todo)
         gate = _PauseGate(self._ctx, job_id)
 
-        async def engine_requests() -> AsyncIterator[GenerationRequest]:
+        async def engine_requests() -> AsyncIterator[GenerationRequest | EmbeddingRequest]:
             # Request ids are unique per attempt, so a zombie attempt's requests in the
             # same engine never collide with the new attempt's.
             for index, r in enumerate(todo):
                 await gate.wait_while_paused()
-                yield GenerationRequest(
-                    request_id=f"{lease}:{index}",
-                    messages=r.messages,
-                    prompt=r.prompt,
-                    sampling=r.sampling or spec.sampling,
-                )
+                if embed:
+                    yield EmbeddingRequest(
+                        request_id=f"{lease}:{index}",
+                        texts=r.texts or [],
+                        options=r.embedding or spec.embed_options,
+                    )
+                else:
+                    yield GenerationRequest(
+                        request_id=f"{lease}:{index}",
+                        messages=r.messages,
+                        prompt=r.prompt,
+                        sampling=r.sampling or spec.sampling,
+                    )
 
         heartbeat = asyncio.create_task(_heartbeat_loop(progress))
         # One span for the shard's engine work, not one per request: a job of millions
@@ -108,9 +129,8 @@ class GenerateActivities:
             ),
         )
         try:
-            results = self._engine.generate_many(
-                engine_requests(), max_in_flight=self._max_in_flight
-            )
+            run_many: Any = self._engine.embed_many if embed else self._engine.generate_many
+            results = run_many(engine_requests(), max_in_flight=self._max_in_flight)
             async with contextlib.aclosing(results):
                 async for result in results:
                     recorder.add(result)
@@ -142,6 +162,14 @@ class GenerateActivities:
         item: queue names are derived from the model, but anything can start an
         activity on any queue, and a job must never run on a model it did not name."""
         served = self._engine.options.model
+        if input.spec.task is not self._task:
+            raise ApplicationError(
+                f"{FailureType.WRONG_MODEL}: job {input.spec.job_id} is a {input.spec.task} "
+                f"job, but this worker (task queue {activity.info().task_queue}) serves "
+                f"{self._task} with {served}",
+                type=FailureType.WRONG_MODEL,
+                non_retryable=True,
+            )
         if model_identity(input.spec.model) != model_identity(served):
             raise ApplicationError(
                 f"{FailureType.WRONG_MODEL}: job {input.spec.job_id} names model "
@@ -245,15 +273,14 @@ class _Recorder:
         )
         span.end()
 
-    def add(self, result: GenerationResult) -> None:
+    def add(self, result: GenerationResult | EmbeddingResult) -> None:
         request = self._todo[int(result.request_id.rsplit(":", 1)[1])]
-        item_id = request.item_id
         if result.latency_ms > 0:  # the engine ran it (not refused before submission)
             self._metrics.generation_duration.record(result.latency_ms / 1000.0, self._metric_attrs)
         if result.error_class is not None:
             self._dead.append(
                 ledger.DeadItem(
-                    item_id=item_id,
+                    item_id=request.item_id,
                     shard=self._input.shard,
                     error_class=result.error_class,
                     error_message=result.error_message or "",
@@ -261,6 +288,10 @@ class _Recorder:
                 )
             )
             return
+        self._keep(request.item_id, result)
+
+    def _keep(self, item_id: str, result: Any) -> None:
+        """Buffer a succeeded result for the next flush."""
         self._results.append(
             ledger.ItemResult(
                 item_id=item_id,
@@ -277,8 +308,11 @@ class _Recorder:
             )
         )
 
+    def _pending(self) -> int:
+        return len(self._results) + len(self._dead)
+
     def due(self) -> bool:
-        pending = len(self._results) + len(self._dead)
+        pending = self._pending()
         return pending >= FLUSH_EVERY_ITEMS or (
             pending > 0 and time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS
         )
@@ -317,6 +351,66 @@ class _Recorder:
             self._metrics.count_items(written, job_id=job_id, model=model, status=ItemStatus.DEAD)
         self._progress.recorded = self.succeeded
         self._progress.dead = self.dead
+
+
+class _EmbedRecorder(_Recorder):
+    """Buffers embedding results; vectors never go to the ledger.
+
+    Each flush first writes the buffered vectors as one object (float32 bytes, one
+    vector after another) under the job's output prefix, then records in the ledger,
+    fenced as for generate, where each item's vectors are. An object whose ledger write
+    lost the race (a superseded attempt) or never came (a crash) is referenced by
+    nothing, and its items are embedded again by the attempt that holds them.
+    """
+
+    def __init__(
+        self,
+        ctx: ActivityContext,
+        input: ShardInput,
+        lease: str,
+        progress: GenerateProgress,
+        todo: list[StagedRequest],
+    ) -> None:
+        super().__init__(ctx, input, lease, progress, todo)
+        self._embedded: list[tuple[str, EmbeddingResult]] = []
+        # Object names unique per attempt and flush: a retry never overwrites an object
+        # that items of an earlier attempt already point to.
+        self._attempt_key = hashlib.sha256(lease.encode()).hexdigest()[:16]
+        self._flushes = 0
+
+    def _keep(self, item_id: str, result: Any) -> None:
+        self._embedded.append((item_id, result))
+
+    def _pending(self) -> int:
+        return len(self._embedded) + len(self._dead)
+
+    async def flush(self) -> None:
+        embedded, self._embedded = self._embedded, []
+        if embedded:
+            uri = self._input.layout.vectors(
+                self._input.shard, f"{self._attempt_key}-{self._flushes:05d}"
+            )
+            self._flushes += 1
+            offset = 0
+            for item_id, result in embedded:
+                size = sum(len(v) for v in result.vectors)
+                self._results.append(
+                    ledger.ItemResult(
+                        item_id=item_id,
+                        result={
+                            "vectors": uri,
+                            "offset": offset,
+                            "count": len(result.vectors),
+                            "dimensions": result.dimensions,
+                        },
+                        prompt_tokens=result.prompt_tokens,
+                        completion_tokens=0,
+                        latency_ms=result.latency_ms,
+                    )
+                )
+                offset += size
+            await self._ctx.write(uri, b"".join(v for _, r in embedded for v in r.vectors))
+        await super().flush()
 
 
 def _superseded(lease: str) -> ApplicationError:

@@ -22,7 +22,7 @@ from llmbatch.contract.messages import (
     final_state,
 )
 from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
-from llmbatch.contract.spec import JobSpec
+from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import BatchStatus
 
 
@@ -88,7 +88,7 @@ class PlanningActivities:
             layout=layout,
             shard_count=len(shards),
             items_total=sum(s.row_count for s in shards),
-            gpu_task_queue=self._ctx.settings.gpu_task_queue(spec.model),
+            gpu_task_queue=self._ctx.settings.gpu_task_queue(spec.model, spec.task),
             generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
         )
 
@@ -168,6 +168,10 @@ class PlanningActivities:
             "elapsed_s": summary.elapsed_s,
             "spec": input.spec.model_dump(mode="json"),
         }
+        if input.spec.task is Task.EMBED:
+            vectors = await ledger.embedding_counts(self._ctx.pool, job_id=summary.job_id)
+            manifest["task"] = input.spec.task.value
+            manifest["embeddings"] = {"count": vectors.count, "dimensions": vectors.dimensions}
         await self._ctx.write(layout.manifest, json.dumps(manifest, indent=2).encode())
         await ledger.finish_job(
             self._ctx.pool,

@@ -13,7 +13,7 @@ from activities.context import ActivityContext
 from llmbatch import ledger, openai_batch, telemetry
 from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
-from llmbatch.contract.spec import InputFormat, JobSpec
+from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.render_pool import Rendered
@@ -32,9 +32,11 @@ class RenderActivities:
         # Templates render in child processes (llmbatch.render_pool): a runaway one
         # costs its rows their time limit, never this worker's event loop.
         templated = _templated(rows, layout.input_format)
+        # An embed job's text template renders as one message, in the same sandbox.
+        templates = spec.template_messages()
         outcomes = (
-            await self._ctx.renders.render(spec.messages, [rows[i].fields or {} for i in templated])
-            if templated and spec.messages
+            await self._ctx.renders.render(templates, [rows[i].fields or {} for i in templated])
+            if templated and templates
             else []
         )
         requests, dead = _render(
@@ -133,6 +135,8 @@ def _render(
 ) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
     """Staged requests and dead items for ``rows``; ``rendered`` holds the template's
     outcome for the rows at the positions :func:`_templated` gives."""
+    if spec.task is Task.EMBED:
+        return _render_embed(spec, fmt, rows, shard=shard, overrides=overrides, rendered=rendered)
     # A re-drive's sampling fields win over the job's and the request's own.
     default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
@@ -163,9 +167,7 @@ def _render(
                     row.fields,
                     defaults=spec.sampling,
                     model=spec.model,
-                    endpoint=spec.api_batch.endpoint
-                    if spec.api_batch
-                    else openai_batch.ApiEndpoint.CHAT_COMPLETIONS,
+                    endpoint=spec.endpoint,
                 )
             except openai_batch.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
@@ -191,6 +193,66 @@ def _render(
     return requests, dead
 
 
+def _render_embed(
+    spec: JobSpec,
+    fmt: InputFormat,
+    rows: list[StagedRow],
+    *,
+    shard: int,
+    overrides: dict[str, Any],
+    rendered: Mapping[int, Rendered],
+) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
+    """:func:`_render` for an embed job: each row's texts to embed. A re-drive's
+    ``truncate_prompt_tokens`` wins over the job's and the line's own options."""
+    job_options = spec.embed_options
+    default = job_options.with_overrides(overrides)
+    requests: dict[str, StagedRequest] = {}
+    dead: list[ledger.DeadItem] = []
+    for index, row in enumerate(rows):
+        failure: tuple[ErrorClass, str] | None = None
+        texts: list[str] = []
+        options = default
+        if row.error_class is not None or row.fields is None:
+            failure = (
+                row.error_class or ErrorClass.INVALID_ROW,
+                row.error or "row could not be read",
+            )
+        elif fmt is InputFormat.OPENAI:
+            try:
+                _, texts, own = openai_batch.parse_embedding_request(
+                    row.fields, defaults=job_options, model=spec.model
+                )
+                options = own.with_overrides(overrides)
+            except openai_batch.InvalidRequest as exc:
+                failure = (ErrorClass.INVALID_REQUEST, str(exc))
+        else:
+            outcome = rendered[index]
+            if isinstance(outcome, TemplateError):
+                failure = (ErrorClass.TEMPLATE_ERROR, str(outcome))
+            else:
+                texts = [outcome[0]["content"]]
+                if not texts[0]:
+                    failure = (ErrorClass.INVALID_PROMPT, "the text to embed is empty")
+        if failure is not None:
+            dead.append(
+                ledger.DeadItem(
+                    item_id=row.item_id,
+                    shard=shard,
+                    error_class=failure[0],
+                    error_message=failure[1],
+                    source=row.source,
+                )
+            )
+            continue
+        requests[row.item_id] = StagedRequest(
+            item_id=row.item_id,
+            source=row.source,
+            texts=texts,
+            embedding=None if options == job_options else options,
+        )
+    return requests, dead
+
+
 def _hashes(
     rows: list[StagedRow], requests: dict[str, StagedRequest]
 ) -> list[tuple[StagedRow, str | None]]:
@@ -202,11 +264,13 @@ def _hashes(
             continue
         sampling = request.sampling.model_dump() if request.sampling else None
         # A chat request hashes as before; a raw prompt hashes with a marker of its kind.
-        body = json.dumps(
+        parts: list[Any] = (
             [request.messages, sampling]
             if request.prompt is None
-            else ["prompt", request.prompt, sampling],
-            sort_keys=True,
+            else ["prompt", request.prompt, sampling]
         )
+        if request.texts is not None:  # an embed request; generate hashes stay as they were
+            parts += [request.texts, request.embedding.model_dump() if request.embedding else None]
+        body = json.dumps(parts, sort_keys=True)
         out.append((row, hashlib.sha256(body.encode()).hexdigest()))
     return out

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
+import sys
 from typing import Any
 
+import pyarrow as pa
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -12,7 +15,7 @@ from activities.context import ActivityContext
 from llmbatch import formats, ledger, openai_batch, telemetry
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
-from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat
+from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task
 from llmbatch.contract.states import TERMINAL_STATUSES, ItemStatus
 from llmbatch.records import StagedRow, load_jsonl
 
@@ -56,7 +59,18 @@ class WriteActivities:
             dead=summary.dead,
         )
 
-        if layout.input_format is InputFormat.OPENAI:
+        if spec.task is Task.EMBED:
+            # Bounded memory: only this shard's vectors are read, object by object.
+            vectors = await _read_vectors(self._ctx, entries)
+            if layout.input_format is InputFormat.OPENAI:
+                out_rows, err_rows = _openai_embedding_lines(spec, entries, rows, vectors)
+                part = layout.output_part(shard, "jsonl")
+                await self._ctx.write(part, formats.write_jsonl(out_rows))
+            else:
+                err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
+                part = layout.output_part(shard, spec.output_format.value)
+                await self._ctx.write(part, _embedding_part(spec, entries, rows, vectors))
+        elif layout.input_format is InputFormat.OPENAI:
             out_rows, err_rows = _openai_lines(spec, entries)
             part = layout.output_part(shard, "jsonl")
             await self._ctx.write(part, formats.write_jsonl(out_rows))
@@ -134,9 +148,130 @@ def _openai_lines(
                     prompt_tokens=e.prompt_tokens or 0,
                     completion_tokens=e.completion_tokens or 0,
                     created=int(e.finished_at.timestamp()) if e.finished_at else 0,
-                    endpoint=spec.api_batch.endpoint
-                    if spec.api_batch
-                    else openai_batch.ApiEndpoint.CHAT_COMPLETIONS,
+                    endpoint=spec.endpoint,
+                )
+            )
+        else:
+            errors.append(
+                openai_batch.error_line(
+                    job_id=spec.job_id,
+                    custom_id=e.item_id,
+                    code=e.error_class or "error",
+                    message=f"{e.error_message} ({e.source})",
+                )
+            )
+    return out, errors
+
+
+# An item's vectors: each one's float32 bytes (little-endian, as staged).
+Vectors = dict[str, list[bytes]]
+
+
+async def _read_vectors(ctx: ActivityContext, entries: list[ledger.LedgerRow]) -> Vectors:
+    """Each succeeded item's vectors, from the objects the ledger points to (each read
+    once; a shard's items point to a few objects of up to a flush's worth each)."""
+    by_object: dict[str, list[ledger.LedgerRow]] = {}
+    for e in entries:
+        if e.status is ItemStatus.SUCCEEDED and e.result and "vectors" in e.result:
+            by_object.setdefault(e.result["vectors"], []).append(e)
+    out: Vectors = {}
+    for uri, items in by_object.items():
+        data = await ctx.read(uri)
+        for e in items:
+            result = e.result or {}
+            size = 4 * int(result["dimensions"])
+            start = int(result["offset"])
+            out[e.item_id] = [
+                data[start + i * size : start + (i + 1) * size] for i in range(int(result["count"]))
+            ]
+    return out
+
+
+def _floats(vector: bytes) -> list[float]:
+    values = array.array("f")
+    values.frombytes(vector)
+    if sys.byteorder != "little":  # staged little-endian, whatever the machine
+        values.byteswap()
+    return values.tolist()
+
+
+def _embedding_part(
+    spec: JobSpec,
+    entries: list[ledger.LedgerRow],
+    rows: dict[str, StagedRow],
+    vectors: Vectors,
+) -> bytes:
+    """An embed job's output part: one row per item with its id, the chosen input
+    fields, the vector (Parquet: a fixed-size list<float32> column; JSONL: an array of
+    floats), its token count and, for a dead item, the error."""
+    out: list[dict[str, Any]] = []
+    for e in entries:
+        staged = rows.get(e.item_id)
+        fields = (staged.fields if staged is not None else None) or {}
+        if spec.output_fields is not None:
+            fields = {k: fields.get(k) for k in spec.output_fields}
+        error = None
+        if e.status is ItemStatus.DEAD:
+            error = {"class": e.error_class, "message": e.error_message, "source": e.source}
+        out.append(
+            {
+                "item_id": e.item_id,
+                "input": fields,
+                "prompt_tokens": e.prompt_tokens,
+                "error": error,
+            }
+        )
+    own = [vectors.get(e.item_id, [b""])[0] or None for e in entries]
+    if spec.output_format is OutputFormat.JSONL:
+        for row, vector in zip(out, own, strict=True):
+            row["embedding"] = None if vector is None else _floats(vector)
+        return formats.write_jsonl(out)
+    # Parquet: the input fields as columns of their own, beside the vector column.
+    flat = [{"item_id": r.pop("item_id"), **r.pop("input"), **r} for r in out]
+    for row in flat:
+        row.pop("embedding", None)  # an input field of that name gives way to the vector
+    return formats.write_parquet(flat, arrays={"embedding": (-2, _vector_column(own))})
+
+
+def _vector_column(vectors: list[bytes | None]) -> pa.Array:
+    """Vectors as one Arrow column: ``fixed_size_list<float32>[d]`` when all have one
+    dimension (what vector stores and pandas/polars/duckdb take as is), else a list."""
+    sizes = {len(v) // 4 for v in vectors if v is not None}
+    valid = [v is not None for v in vectors]
+    if len(sizes) <= 1:
+        size = sizes.pop() if sizes else 1
+        flat = b"".join(v if v is not None else bytes(4 * size) for v in vectors)
+        values = pa.Array.from_buffers(pa.float32(), len(flat) // 4, [None, pa.py_buffer(flat)])
+        return pa.FixedSizeListArray.from_arrays(
+            values, size, mask=pa.array([not ok for ok in valid])
+        )
+    return pa.array(
+        [None if v is None else _floats(v) for v in vectors], type=pa.list_(pa.float32())
+    )
+
+
+def _openai_embedding_lines(
+    spec: JobSpec,
+    entries: list[ledger.LedgerRow],
+    rows: dict[str, StagedRow],
+    vectors: Vectors,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    out, errors = [], []
+    for e in entries:
+        if e.status is ItemStatus.SUCCEEDED:
+            staged = rows.get(e.item_id)
+            body = ((staged.fields if staged is not None else None) or {}).get("body")
+            # Validated at render, so the line's format is one of the two.
+            encoding = openai_batch.encoding_format(body)
+            own = vectors.get(e.item_id, [])
+            out.append(
+                openai_batch.embedding_output_line(
+                    job_id=spec.job_id,
+                    custom_id=e.item_id,
+                    model=spec.model,
+                    vectors=own if encoding == "base64" else [_floats(v) for v in own],
+                    encoding=encoding,
+                    prompt_tokens=e.prompt_tokens or 0,
                 )
             )
         else:

@@ -26,7 +26,7 @@ from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import BatchJobInput, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
 from llmbatch.contract.priority import task_priority
-from llmbatch.contract.spec import JobSpec
+from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.security.codec import EncryptionCodec, Keyring, KeyringError, load_keyring
 from llmbatch.security.connection import (
     ConnectionConfigError,
@@ -151,13 +151,16 @@ def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
     return TypedSearchAttributes(pairs)
 
 
-async def model_has_worker(client: Client, settings: Settings, model: str) -> bool:
-    """Whether a GPU worker polls ``model``'s queue (Temporal's DescribeTaskQueue).
+async def model_has_worker(
+    client: Client, settings: Settings, model: str, *, task: Task = Task.GENERATE
+) -> bool:
+    """Whether a GPU worker polls ``model``'s queue for ``task`` (Temporal's
+    DescribeTaskQueue).
 
     Temporal lists a poller for a few minutes after its last poll, so a worker that
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
     """
-    return await queue_has_pollers(client, settings.gpu_task_queue(model))
+    return await queue_has_pollers(client, settings.gpu_task_queue(model, task))
 
 
 async def queue_has_pollers(client: Client, task_queue: str) -> bool:

@@ -25,7 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from llmbatch.contract.names import GENERATE
+from llmbatch.contract.spec import Task
 from llmbatch.templates import RenderLimits
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
@@ -227,7 +227,7 @@ class Settings(BaseSettings):
             raise ValueError("s3_endpoint_url is not set")
         return urlsplit(self.s3_endpoint_url).port or 80
 
-    def gpu_task_queue(self, model: str, task: str = GENERATE) -> str:
+    def gpu_task_queue(self, model: str, task: Task = Task.GENERATE) -> str:
         """The task queue of workers that serve ``task`` with exactly ``model`` loaded.
 
         The plan of a job, the GPU worker and the CLI's poller check all call this,

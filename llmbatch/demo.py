@@ -41,6 +41,8 @@ USER_PROMPT = (
     "Company: {{ Company }} ({{ City }}, {{ Country }}; {{ Website }})\n"
     "Which industry is it in? One of: " + ", ".join(INDUSTRIES) + "."
 )
+# The embed demo's text: a short description of each customer's company.
+EMBED_TEXT = "{{ Company }}, a company in {{ City }}, {{ Country }} ({{ Website }})"
 
 _FIRST = [
     "Ava",

@@ -27,25 +27,29 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Self
+from typing import Any, NoReturn, Self, TypeVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import tokens_input
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from llmbatch import telemetry
-from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.spec import EmbedSpec, SamplingSpec, Task
 from llmbatch.contract.states import ErrorClass
 
 __all__ = [
+    "EmbeddingRequest",
+    "EmbeddingResult",
     "Engine",
     "EngineArgumentError",
     "EngineDeadError",
@@ -156,6 +160,16 @@ class EngineOptions(BaseModel):
             )
             raise EngineArgumentError(f"invalid engine options: {problems}") from None
 
+    def for_task(self, task: Task) -> EngineOptions:
+        """These options for a worker of ``task``: an embed worker runs vLLM's pooling
+        runner (``runner="pooling"``) unless the caller chose a runner; ``--convert
+        embed`` turns a decoder model into an embedding model, and is the caller's."""
+        if task is Task.EMBED and "runner" not in self.engine_args:
+            return self.model_copy(
+                update={"engine_args": {**self.engine_args, "runner": "pooling"}}
+            )
+        return self
+
     def to_engine_args(self) -> AsyncEngineArgs:
         """vLLM's engine arguments: ours, then the ones given, then the CPU defaults."""
         values: dict[str, Any] = {
@@ -243,6 +257,39 @@ class GenerationRequest(BaseModel):
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("give exactly one of messages and prompt")
         return self
+
+
+class EmbeddingRequest(BaseModel):
+    """One item of an embed job: its texts (usually one), embedded one vector each."""
+
+    request_id: str = Field(min_length=1)
+    texts: list[str] = Field(min_length=1)
+    options: EmbedSpec = Field(default_factory=EmbedSpec)
+
+
+@dataclass(slots=True)
+class EmbeddingResult:
+    """The outcome of one embedding request; ``error_class`` is None on success.
+
+    ``vectors`` holds each text's vector as little-endian float32 bytes (4 bytes a
+    dimension): compact, and what both the staged objects and base64 output want.
+    """
+
+    request_id: str
+    vectors: list[bytes] = dataclasses.field(default_factory=list)
+    dimensions: int = 0
+    prompt_tokens: int = 0
+    latency_ms: float = 0.0
+    error_class: ErrorClass | None = None
+    error_message: str | None = None
+
+
+def pooling_params(options: EmbedSpec) -> PoolingParams:
+    """vLLM pooling parameters for an embedding with ``options`` (normalizing is the
+    embed pooler's activation)."""
+    return PoolingParams(
+        task="embed", dimensions=options.dimensions, use_activation=options.normalize
+    )
 
 
 class GenerationResult(BaseModel):
@@ -451,6 +498,83 @@ class Engine:
         _check_structured(result, request.sampling, prepared)
         return result
 
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Embed one request's texts (an engine request each, run together); the error
+        contract is :meth:`generate`'s. A text longer than the context (``tokens >
+        max_model_len``: pooling needs no room to generate) is ``PromptTooLong`` unless
+        ``truncate_prompt_tokens`` keeps its last N tokens; the whole item dies with it.
+        """
+        started = time.perf_counter()
+        options = request.options
+        prompts: list[list[int]] = []
+        for index, text in enumerate(request.texts):
+            # As LLM.embed tokenizes a text prompt (special tokens added), so the
+            # vectors are the ones vLLM itself gives for the same text.
+            ids = list(self._tokenizer.encode(text))
+            keep = options.truncate_prompt_tokens
+            if keep is not None and len(ids) > keep:
+                ids = ids[-keep:]
+            if not ids:
+                return _embed_failed(request, ErrorClass.INVALID_PROMPT, "a text is empty")
+            if len(ids) > self.max_model_len:
+                which = f"input {index} has" if len(request.texts) > 1 else "the text has"
+                return _embed_failed(
+                    request,
+                    ErrorClass.PROMPT_TOO_LONG,
+                    f"{which} {len(ids)} tokens, more than the model's context of "
+                    f"{self.max_model_len} (re-drive with truncate_prompt_tokens, or on a "
+                    "worker with a longer --max-model-len)",
+                    prompt_tokens=len(ids),
+                )
+            prompts.append(ids)
+        params = pooling_params(options)
+        ids_of = [f"{request.request_id}:{i}" for i in range(len(prompts))]
+        try:
+            outputs = await asyncio.gather(
+                *(self._encode(ids, params, rid) for ids, rid in zip(prompts, ids_of, strict=True))
+            )
+        except asyncio.CancelledError:
+            for rid in ids_of:
+                await _abort_quietly(self._llm, rid)
+            raise
+        except VLLMClientError as exc:  # vLLM's validation (dimensions on a plain model)
+            return _embed_failed(request, ErrorClass.INVALID_REQUEST, str(exc))
+        except EngineGenerateError as exc:
+            if isinstance(exc.__cause__, ValueError | TypeError):
+                return _embed_failed(request, ErrorClass.INVALID_REQUEST, str(exc.__cause__))
+            raise
+        vectors = [
+            output.outputs.data.to(dtype=torch.float32).numpy().astype("<f4", copy=False).tobytes()
+            for output in outputs
+        ]
+        return EmbeddingResult(
+            request_id=request.request_id,
+            vectors=vectors,
+            dimensions=len(vectors[0]) // 4,
+            prompt_tokens=sum(len(ids) for ids in prompts),
+            latency_ms=(time.perf_counter() - started) * 1000.0,
+        )
+
+    async def _encode(self, ids: list[int], params: PoolingParams, request_id: str) -> Any:
+        final = None
+        async for output in self._llm.encode(tokens_input(ids), params, request_id):
+            final = output
+        if final is None:
+            raise RequestAbortedError(f"request {request_id}: the engine returned nothing")
+        return final
+
+    async def embed_many(
+        self,
+        requests: AsyncIterable[EmbeddingRequest] | Iterable[EmbeddingRequest],
+        *,
+        max_in_flight: int,
+    ) -> AsyncGenerator[EmbeddingResult, None]:
+        """:meth:`generate_many` for embedding requests: the same bounded, lazy loop."""
+        results = _run_many(self.embed, requests, max_in_flight=max_in_flight)
+        async with contextlib.aclosing(results):
+            async for result in results:
+                yield result
+
     async def generate_many(
         self,
         requests: AsyncIterable[GenerationRequest] | Iterable[GenerationRequest],
@@ -465,66 +589,86 @@ class Engine:
         the iterator (``contextlib.aclosing``) when stopping early: closing, like
         cancelling the consumer inside it, aborts every request still in flight.
         """
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1")
-        # A slot is freed when the consumer takes a result, not when the engine
-        # finishes it, so a slow consumer also bounds what piles up in ``done``.
-        slots = asyncio.Semaphore(max_in_flight)
-        done: asyncio.Queue[GenerationResult | BaseException | _End] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
+        results = _run_many(self.generate, requests, max_in_flight=max_in_flight)
+        async with contextlib.aclosing(results):
+            async for result in results:
+                yield result
 
-        async def run(request: GenerationRequest) -> None:
-            try:
-                done.put_nowait(await self.generate(request))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # EngineDeadError and the unexpected
-                done.put_nowait(exc)
 
-        def submit(request: GenerationRequest) -> None:
-            task = asyncio.create_task(run(request), name=f"generate {request.request_id}")
-            running.add(task)
-            task.add_done_callback(running.discard)
+_Req = TypeVar("_Req", bound=BaseModel)
+_Res = TypeVar("_Res")
 
-        async def feed() -> None:
-            count = 0
-            try:
-                if isinstance(requests, AsyncIterable):
-                    async for request in requests:
-                        await slots.acquire()
-                        submit(request)
-                        count += 1
-                else:
-                    for request in requests:
-                        await slots.acquire()
-                        submit(request)
-                        count += 1
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # the source failed
-                done.put_nowait(exc)
-            done.put_nowait(_End(count))
 
-        feeder = asyncio.create_task(feed(), name="generate_many feeder")
-        total: int | None = None
-        received = 0
+async def _run_many(
+    call: Callable[[_Req], Awaitable[_Res]],
+    requests: AsyncIterable[_Req] | Iterable[_Req],
+    *,
+    max_in_flight: int,
+) -> AsyncGenerator[_Res, None]:
+    """``call`` on each request, ``max_in_flight`` at a time, results in completion
+    order: the loop :meth:`Engine.generate_many` and :meth:`Engine.embed_many` share."""
+    if max_in_flight < 1:
+        raise ValueError("max_in_flight must be at least 1")
+    # A slot is freed when the consumer takes a result, not when the engine
+    # finishes it, so a slow consumer also bounds what piles up in ``done``.
+    slots = asyncio.Semaphore(max_in_flight)
+    done: asyncio.Queue[_Res | BaseException | _End] = asyncio.Queue()
+    running: set[asyncio.Task[None]] = set()
+
+    async def run(request: _Req) -> None:
         try:
-            while total is None or received < total:
-                item = await done.get()
-                if isinstance(item, _End):
-                    total = item.count
-                    continue
-                if isinstance(item, BaseException):
-                    raise item
-                received += 1
-                slots.release()
-                yield item
-        finally:
-            feeder.cancel()
-            for task in running:
-                task.cancel()
-            # Wait for the aborts, so the engine is free when we return.
-            await asyncio.gather(feeder, *running, return_exceptions=True)
+            done.put_nowait(await call(request))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # EngineDeadError and the unexpected
+            done.put_nowait(exc)
+
+    def submit(request: _Req) -> None:
+        task = asyncio.create_task(
+            run(request), name=f"engine {getattr(request, 'request_id', '')}"
+        )
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    async def feed() -> None:
+        count = 0
+        try:
+            if isinstance(requests, AsyncIterable):
+                async for request in requests:
+                    await slots.acquire()
+                    submit(request)
+                    count += 1
+            else:
+                for request in requests:
+                    await slots.acquire()
+                    submit(request)
+                    count += 1
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the source failed
+            done.put_nowait(exc)
+        done.put_nowait(_End(count))
+
+    feeder = asyncio.create_task(feed(), name="engine feeder")
+    total: int | None = None
+    received = 0
+    try:
+        while total is None or received < total:
+            item = await done.get()
+            if isinstance(item, _End):
+                total = item.count
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            received += 1
+            slots.release()
+            yield item
+    finally:
+        feeder.cancel()
+        for task in running:
+            task.cancel()
+        # Wait for the aborts, so the engine is free when we return.
+        await asyncio.gather(feeder, *running, return_exceptions=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,6 +732,17 @@ def _failed(
     request: GenerationRequest, error_class: ErrorClass, message: str, *, prompt_tokens: int = 0
 ) -> GenerationResult:
     return GenerationResult(
+        request_id=request.request_id,
+        prompt_tokens=prompt_tokens,
+        error_class=error_class,
+        error_message=message,
+    )
+
+
+def _embed_failed(
+    request: EmbeddingRequest, error_class: ErrorClass, message: str, *, prompt_tokens: int = 0
+) -> EmbeddingResult:
+    return EmbeddingResult(
         request_id=request.request_id,
         prompt_tokens=prompt_tokens,
         error_class=error_class,

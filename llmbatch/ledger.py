@@ -462,6 +462,33 @@ async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
     return JobCounts(**{k: int(v) for k, v in dict(row).items()})
 
 
+@dataclass(slots=True)
+class EmbeddingCounts:
+    """The vectors of an embed job's succeeded items, and their dimension (None when
+    there are none, or when items of one job differ, which OpenAI lines may ask)."""
+
+    count: int
+    dimensions: int | None
+
+
+async def embedding_counts(pool: Database, *, job_id: str) -> EmbeddingCounts:
+    """How many vectors a job's succeeded items hold (an OpenAI line may hold several)
+    and of what dimension, from the vector locations the ledger keeps."""
+    row = await pool.fetchrow(
+        """
+        SELECT coalesce(sum((result->>'count')::bigint), 0) AS count,
+               min((result->>'dimensions')::int) AS low,
+               max((result->>'dimensions')::int) AS high
+        FROM items WHERE job_id = $1 AND status = $2 AND result ? 'vectors'
+        """,
+        job_id,
+        ItemStatus.SUCCEEDED,
+    )
+    assert row is not None
+    same = row["low"] is not None and row["low"] == row["high"]
+    return EmbeddingCounts(count=int(row["count"]), dimensions=row["low"] if same else None)
+
+
 async def dead_items(
     pool: Database, *, job_id: str, shard: int | None = None
 ) -> list[DeadLetterEntry]:

@@ -1,23 +1,26 @@
 """OpenAI batch JSONL: request lines in, OpenAI-shaped output and error lines out.
 
 Input lines are ``{custom_id, method, url, body}`` with ``url`` = /v1/chat/completions
-(or, in a batch of the OpenAI Batch API created for that endpoint, /v1/completions).
-Output follows the OpenAI Batch API: one output line per succeeded request and one
-error-file line per failed request, matched by ``custom_id``.
+(or, in a batch of the OpenAI Batch API created for that endpoint, /v1/completions)
+for generate jobs, or /v1/embeddings for embed jobs. Output follows the OpenAI Batch
+API: one output line per succeeded request and one error-file line per failed request,
+matched by ``custom_id``.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmbatch.config import model_identity
-from llmbatch.contract.spec import ApiEndpoint, SamplingSpec
+from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
 
 CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
 COMPLETIONS_URL = ApiEndpoint.COMPLETIONS.value
+EMBEDDINGS_URL = ApiEndpoint.EMBEDDINGS.value
 # OpenAI's /v1/completions default for max_tokens (vLLM's too): a line that leaves it
 # out gets what it would get from OpenAI, not the job's chat default.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -102,16 +105,7 @@ def parse(
     another model is refused, never run on the job's: its caller asked for that model.
     A /v1/completions line's prompt runs as given, without a chat template.
     """
-    custom_id = line.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        raise InvalidRequest("custom_id is missing or not a string")
-    if line.get("url") != endpoint.value:
-        raise InvalidRequest(f"url {line.get('url')!r} is not supported; use {endpoint.value}")
-    if str(line.get("method", "POST")).upper() != "POST":
-        raise InvalidRequest("method must be POST")
-    body = line.get("body")
-    if not isinstance(body, dict):
-        raise InvalidRequest("body is missing or not an object")
+    custom_id, body = _line(line, endpoint)
     _check_model(body.get("model"), model)
     completions = endpoint is ApiEndpoint.COMPLETIONS
     _check_parameters(body, COMPLETIONS_PARAMETERS if completions else MAPPED_PARAMETERS)
@@ -148,6 +142,78 @@ def _prompt(body: dict[str, Any]) -> str:
     if isinstance(raw, list):
         raise InvalidRequest("body.prompt must be a string or a list of exactly one string")
     raise InvalidRequest("body.prompt is missing or not a string")
+
+
+class WrongTask(InvalidRequest):
+    """A line of the other task's kind (a /v1/embeddings line in a generate job, or the
+    other way round). One such line is dead-lettered; planning refuses a job whose
+    first lines all are (a file of the other kind, submitted without ``--task``)."""
+
+
+def _line(line: dict[str, Any], endpoint: ApiEndpoint) -> tuple[str, dict[str, Any]]:
+    """(custom_id, body) of a line of a job whose requests go to ``endpoint``; raise
+    InvalidRequest (WrongTask for a line of the other task's kind)."""
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise InvalidRequest("custom_id is missing or not a string")
+    url = line.get("url")
+    if url != endpoint.value:
+        task = endpoint.task
+        other = next((e.task for e in ApiEndpoint if e.value == url), None)
+        if other is not None and other is not task:
+            raise WrongTask(f"url {url} is for {other} jobs (task {other!r}), not a {task} job")
+        raise InvalidRequest(f"url {url!r} is not supported; use {endpoint.value}")
+    if str(line.get("method", "POST")).upper() != "POST":
+        raise InvalidRequest("method must be POST")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise InvalidRequest("body is missing or not an object")
+    return custom_id, body
+
+
+# /v1/embeddings body parameters llm-batch runs (OpenAI's, less token-id input).
+EMBEDDING_PARAMETERS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
+ENCODING_FORMATS = ("float", "base64")
+
+
+def parse_embedding_request(
+    line: dict[str, Any], *, defaults: EmbedSpec, model: str
+) -> tuple[str, list[str], EmbedSpec]:
+    """Map one /v1/embeddings batch line of an embed job on ``model`` to (custom_id,
+    texts, embed options); raise InvalidRequest. ``input`` is a string or a list of
+    strings (one vector each); token-id input is refused."""
+    custom_id, body = _line(line, ApiEndpoint.EMBEDDINGS)
+    _check_model(body.get("model"), model)
+    for name in sorted(body):
+        if name not in EMBEDDING_PARAMETERS and body[name] is not None:
+            raise UnsupportedParameter(
+                f"body.{name} is not supported; supported: "
+                + ", ".join(sorted(EMBEDDING_PARAMETERS))
+            )
+    raw = body.get("input")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts:
+        raise InvalidRequest("body.input must be a string or a non-empty list of strings")
+    if not all(isinstance(t, str) for t in texts):
+        raise InvalidRequest("body.input: only text input is supported (not token ids)")
+    if any(not t for t in texts):
+        raise InvalidRequest("body.input holds an empty string")
+    encoding_format(body)
+    options = defaults
+    if body.get("dimensions") is not None:
+        try:
+            options = defaults.with_overrides({"dimensions": body["dimensions"]})
+        except ValueError as exc:
+            raise InvalidRequest(f"invalid dimensions: {body['dimensions']!r}") from exc
+    return custom_id, texts, options
+
+
+def encoding_format(body: Any) -> str:
+    """The line's ``encoding_format`` (default ``float``); raise InvalidRequest."""
+    value = (body.get("encoding_format") if isinstance(body, dict) else None) or "float"
+    if value not in ENCODING_FORMATS:
+        raise InvalidRequest(f"encoding_format {value!r} is not supported; use float or base64")
+    return str(value)
 
 
 def _check_model(named: Any, model: str) -> None:
@@ -431,3 +497,42 @@ class BatchValidator:
                 "body.model",
             )
         return None
+
+
+def embedding_output_line(
+    *,
+    job_id: str,
+    custom_id: str,
+    model: str,
+    vectors: list[list[float]] | list[bytes],
+    encoding: str,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    """A succeeded /v1/embeddings request, as the OpenAI Batch API writes it. With
+    ``encoding`` base64, ``vectors`` are the little-endian float32 bytes of each."""
+    key = _short_hash(job_id, custom_id)
+    data = [
+        {
+            "object": "embedding",
+            "embedding": base64.b64encode(v).decode() if isinstance(v, bytes) else v,
+            "index": index,
+        }
+        for index, v in enumerate(vectors)
+    ]
+    if encoding != "base64" and any(isinstance(v, bytes) for v in vectors):
+        raise ValueError("float encoding wants lists of floats")
+    return {
+        "id": f"batch_req_{key}",
+        "custom_id": custom_id,
+        "response": {
+            "status_code": 200,
+            "request_id": f"req_{key}",
+            "body": {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            },
+        },
+        "error": None,
+    }

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmbatch import formats, openai_batch, storage
-from llmbatch.contract.spec import InputFormat, JobSpec
+from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.render_pool import render_isolated
 from llmbatch.templates import PromptTemplate, RenderLimits, TemplateError
 
@@ -44,15 +44,18 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor, limits: RenderLimits) -> 
         raise InvalidJobSpec(f"no input objects match {', '.join(spec.inputs)}")
     fmt = spec.input_format or _detect(objects, store_for)
     _check_has_rows(spec, objects, fmt, store_for)
-    if fmt is InputFormat.OPENAI and spec.messages is not None:
-        raise InvalidJobSpec("the input is OpenAI batch JSONL, which carries its own messages")
+    messages = spec.template_messages()
+    if fmt is InputFormat.OPENAI and messages is not None:
+        carried = "input" if spec.task is Task.EMBED else "messages"
+        raise InvalidJobSpec(f"the input is OpenAI batch JSONL, which carries its own {carried}")
     if fmt is InputFormat.OPENAI:
         _check_request_sample(spec, objects[0], store_for)
     if fmt is not InputFormat.OPENAI:
-        if spec.messages is None:
-            raise InvalidJobSpec(f"the input is {fmt.value}: give the prompt messages")
+        if messages is None:
+            wanted = "the text template (text)" if spec.task is Task.EMBED else "prompt messages"
+            raise InvalidJobSpec(f"the input is {fmt.value}: give the {wanted}")
         try:
-            template = PromptTemplate(spec.messages)
+            template = PromptTemplate(messages)
         except TemplateError as exc:
             raise InvalidJobSpec(str(exc)) from exc
         try:
@@ -120,7 +123,8 @@ def _try_on_sample(
 ) -> None:
     """A template that fails on the first row (an unsafe attribute, a loop past its
     time, a prompt past its size) would fail on most: refuse it before any work."""
-    if spec.messages is None:
+    messages = spec.template_messages()
+    if messages is None:
         return
     try:
         row = formats.sample_row(store_for(obj.uri), obj, fmt, max_row_bytes=spec.max_row_bytes)
@@ -128,7 +132,7 @@ def _try_on_sample(
         raise InvalidJobSpec(str(exc)) from exc
     if row is None or template.missing_fields(set(row)):
         return  # no row to try, or one the template cannot fill: that row is its own error
-    outcome = render_isolated(spec.messages, row, limits)
+    outcome = render_isolated(messages, row, limits)
     if isinstance(outcome, TemplateError):
         raise InvalidJobSpec(f"the prompt fails on the first row of {obj.uri}: {outcome}")
 
@@ -169,16 +173,28 @@ def _check_request_sample(spec: JobSpec, obj: storage.ObjectInfo, store_for: Sto
     """Refuse OpenAI batch input whose first requests ask for a parameter llm-batch does
     not run: every line is built alike, so the whole job would end dead-lettered.
     Other faults of a line stay that line's (it is dead-lettered, the rest runs)."""
-    endpoint = (
-        spec.api_batch.endpoint if spec.api_batch else openai_batch.ApiEndpoint.CHAT_COMPLETIONS
-    )
+    wrong_task: list[str] = []
+    sampled = 0
     for line, request in formats.sample_objects(store_for(obj.uri), obj):
+        sampled += 1
         try:
-            openai_batch.parse(request, defaults=spec.sampling, model=spec.model, endpoint=endpoint)
+            if spec.task is Task.EMBED:
+                openai_batch.parse_embedding_request(
+                    request, defaults=spec.embed_options, model=spec.model
+                )
+            else:
+                openai_batch.parse(
+                    request, defaults=spec.sampling, model=spec.model, endpoint=spec.endpoint
+                )
         except openai_batch.UnsupportedParameter as exc:
             raise InvalidJobSpec(f"{obj.uri} line {line}: {exc}") from exc
+        except openai_batch.WrongTask as exc:
+            wrong_task.append(f"{obj.uri} line {line}: {exc}")
         except openai_batch.InvalidRequest:
             continue
+    if wrong_task and len(wrong_task) == sampled:
+        # Not one line of this job's kind: a file of the other kind, the task not given.
+        raise InvalidJobSpec(wrong_task[0])
 
 
 def _detect(objects: list[storage.ObjectInfo], store_for: StoreFor) -> InputFormat:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.spec import EmbedSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
 
 M = TypeVar("M", bound=BaseModel)
@@ -29,14 +29,17 @@ class StagedRow(BaseModel):
 
 
 class StagedRequest(BaseModel):
-    """One generation request as rendered by ``render_prompts``: chat ``messages``, or
-    a raw ``prompt`` (an OpenAI /v1/completions request)."""
+    """One request as rendered by ``render_prompts``: chat ``messages`` or a raw
+    ``prompt`` (an OpenAI /v1/completions request) to generate from, or (embed jobs)
+    the ``texts`` to embed, one vector each."""
 
     item_id: str
     source: str
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
     sampling: SamplingSpec | None = None  # None: the job's sampling
+    texts: list[str] | None = None
+    embedding: EmbedSpec | None = None  # None: the job's embed options
 
 
 def dump_jsonl(records: Iterable[BaseModel]) -> bytes:

@@ -1,5 +1,8 @@
 """The GPU worker: one vLLM engine per process, serving ``generate`` for its model.
 
+A worker serves one task: generate (vLLM's generate runner) or embed (its pooling
+runner). Both run the same ``generate`` activity loop, on a queue named for the task.
+
 The engine is built once at start (model load paid once) and shared by several
 concurrent ``generate`` activities, each keeping many requests in flight, so
 continuous batching always has work queued while other shards read or write.
@@ -12,6 +15,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import psutil
 from temporalio.client import Client
@@ -22,7 +26,7 @@ from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
-from llmbatch.contract.names import GENERATE
+from llmbatch.contract.spec import Task
 from llmbatch.engine import Engine, EngineOptions
 from llmbatch.served_models import advertised
 from workers.preflight import check_services
@@ -42,17 +46,19 @@ def build_gpu_worker(
     max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
     max_in_flight: int | None = None,
     on_engine_dead: Callable[[BaseException], None] | None = None,
+    task: Task = Task.GENERATE,
 ) -> Worker:
-    """A worker on ``model``'s GPU queue running ``generate`` on ``engine``."""
+    """A worker on ``model``'s GPU queue for ``task`` running ``generate`` on ``engine``."""
     generate = GenerateActivities(
         ctx,
         engine,
         max_in_flight=max_in_flight or engine.default_max_in_flight,
         on_engine_dead=on_engine_dead,
+        task=task,
     )
     return Worker(
         client,
-        task_queue=ctx.settings.gpu_task_queue(model),
+        task_queue=ctx.settings.gpu_task_queue(model, task),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
         # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
@@ -70,6 +76,7 @@ async def gpu_worker(
     max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
     max_in_flight: int | None = None,
     on_engine_dead: Callable[[BaseException], None] | None = None,
+    task: Task = Task.GENERATE,
 ) -> AsyncIterator[Worker]:
     """Run a GPU worker on an already started engine for the duration of the block."""
     client = client or await connect(settings)
@@ -83,8 +90,9 @@ async def gpu_worker(
             max_concurrent_activities=max_concurrent_activities,
             max_in_flight=max_in_flight,
             on_engine_dead=on_engine_dead,
+            task=task,
         )
-        async with worker, _advertised(pool, worker, settings, model):
+        async with worker, _advertised(pool, worker, settings, model, task):
             yield worker
     finally:
         await pool.close()
@@ -96,12 +104,13 @@ async def run_gpu_worker(
     *,
     max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
     max_in_flight: int | None = None,
+    task: Task = Task.GENERATE,
 ) -> int:
     """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
     telemetry.install(component="gpu-worker")
     # The cheap checks first: a bad DSN fails in a second, not after the model loads.
     client = await check_services(settings)
-    engine = await Engine.start(options)
+    engine = await Engine.start(options.for_task(task))
     dead = asyncio.Event()
 
     def engine_died(exc: BaseException) -> None:
@@ -120,13 +129,14 @@ async def run_gpu_worker(
                 max_concurrent_activities=max_concurrent_activities,
                 max_in_flight=max_in_flight,
                 on_engine_dead=engine_died,
+                task=task,
             )
-            async with _advertised(pool, worker, settings, options.model):
+            async with _advertised(pool, worker, settings, options.model, task):
                 await serve(
                     worker,
                     name=name,
-                    ready=f"{name} for {options.model} polling "
-                    f"{settings.gpu_task_queue(options.model)} on "
+                    ready=f"{name} ({task}) for {options.model} polling "
+                    f"{settings.gpu_task_queue(options.model, task)} on "
                     f"{client.service_client.config.target_host}",
                     also=dead,
                 )
@@ -140,21 +150,21 @@ async def run_gpu_worker(
 
 
 def _advertised(
-    pool: ledger.Database, worker: Worker, settings: Settings, model: str
+    pool: ledger.Database, worker: Worker, settings: Settings, model: str, task: Task
 ) -> contextlib.AbstractAsyncContextManager[None]:
     # So `GET /v1/models` can name the model behind this worker's hashed queue.
     return advertised(
         pool,
-        task_queue=settings.gpu_task_queue(model),
+        task_queue=settings.gpu_task_queue(model, task),
         model=model,
-        task=GENERATE,
+        task=task,
         identity=worker.client.identity,
     )
 
 
-def main(settings: Settings, options: EngineOptions, **kwargs: int | None) -> None:
+def main(settings: Settings, options: EngineOptions, **kwargs: Any) -> None:
     try:
-        code = asyncio.run(run_gpu_worker(settings, options, **kwargs))  # type: ignore[arg-type]
+        code = asyncio.run(run_gpu_worker(settings, options, **kwargs))
     finally:
         _kill_engine_processes()
     sys.exit(code)

@@ -65,6 +65,19 @@ class CreateBatch(BaseModel):
     completion_window: str
     metadata: dict[str, str] | None = None
 
+    @field_validator("endpoint")
+    @classmethod
+    def _served_endpoint(cls, value: ApiEndpoint) -> ApiEndpoint:
+        # Embed jobs run (llm-batch submit --task embed), but a batch's single output
+        # file is not yet assembled from their staged vectors: refuse rather than
+        # answer with empty embeddings.
+        if value is ApiEndpoint.EMBEDDINGS:
+            raise ValueError(
+                "/v1/embeddings batches are not served by the API yet; submit the file "
+                "with `llm-batch submit --task embed`"
+            )
+        return value
+
     @field_validator("completion_window")
     @classmethod
     def _window(cls, value: str) -> str:
@@ -191,11 +204,12 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="input_file_id",
             code="missing_model",
         )
-    if not await model_has_worker(svc.temporal, settings, model):
+    if not await model_has_worker(svc.temporal, settings, model, task=body.endpoint.task):
         raise ApiError(
             400,
             f"No worker serves model {model!r}: start a GPU worker for it "
-            "(llm-batch worker gpu --model ...) or name one that GET /v1/models lists.",
+            f"(llm-batch worker gpu --model ... --task {body.endpoint.task}) or name one "
+            "that GET /v1/models lists.",
             param="model",
             code="model_not_found",
         )
@@ -231,6 +245,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         output_uri=layout.batch_output_uri(settings.s3_bucket),
         shard_size=settings.api_shard_size,
         max_concurrent_shards=settings.api_max_concurrent_shards,
+        task=body.endpoint.task,
         # Projects share the workers fairly: each is its batches' tenant.
         tenant=project,
         api_batch=ApiBatch(

@@ -18,7 +18,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.priority import DEFAULT_PRIORITY
 from llmbatch.contract.progress import format_duration
-from llmbatch.contract.spec import JobSpec
+from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import ErrorClass, JobState
 
 
@@ -97,7 +97,7 @@ async def _submit(
 ) -> None:
     await check_inputs(spec, settings)
     client = await connect(settings)
-    await _check_worker(client, spec.model, settings, require=require_worker)
+    await _check_worker(client, spec.model, settings, require=require_worker, task=spec.task)
     handle, started = await start_job(client, spec, settings=settings)
     if not started and not attach:
         await _refuse_other_spec(client, spec)
@@ -113,15 +113,18 @@ async def _submit(
         print_summary(summary, as_json=as_json)
 
 
-async def _check_worker(client: Client, model: str, settings: Settings, *, require: bool) -> None:
+async def _check_worker(
+    client: Client, model: str, settings: Settings, *, require: bool, task: Task = Task.GENERATE
+) -> None:
     """A job for a model nobody serves would wait for a worker: say so before it starts."""
-    if await model_has_worker(client, settings, model):
+    if await model_has_worker(client, settings, model, task=task):
         return
-    queue = settings.gpu_task_queue(model)
+    queue = settings.gpu_task_queue(model, task)
     if require:
+        flag = f" --task {task}" if task is not Task.GENERATE else ""
         raise CliError(
             f"no worker serves model {model} (task queue {queue}); start one with "
-            f"'llm-batch worker gpu --model {model}', or submit without --require-worker"
+            f"'llm-batch worker gpu --model {model}{flag}', or submit without --require-worker"
         )
     # Submitted anyway: a worker may be on its way (autoscaling, a restart).
     limit = format_duration(settings.generate_schedule_to_start.total_seconds())
@@ -149,9 +152,14 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     elapsed = _elapsed(p)
     rate = p.items_done / elapsed if elapsed else 0.0
     # The job's workflow cannot see pollers, so the CLI asks Temporal itself.
-    waiting = p.state == JobState.RUNNING and not await model_has_worker(
-        await connect(settings), settings, p.model
-    )
+    waiting = False
+    task = Task.GENERATE
+    if p.state == JobState.RUNNING:
+        client = await connect(settings)
+        # The task names the queue (an embed job waits on an embedding worker's).
+        spec = await started_spec(client, job_id)
+        task = spec.task if spec is not None else Task.GENERATE
+        waiting = not await model_has_worker(client, settings, p.model, task=task)
     if as_json:
         data = p.model_dump(mode="json")
         data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
@@ -163,7 +171,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     if waiting:
         out.print(
             f"  [yellow]waiting for a worker serving {escape(p.model)}[/yellow]: none polls "
-            f"task queue {settings.gpu_task_queue(p.model)}",
+            f"task queue {settings.gpu_task_queue(p.model, task)}",
             highlight=False,
         )
     out.print(f"  shards: {p.shards_done}/{p.shards_total} done, running {p.shards_running}")

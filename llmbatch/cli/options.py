@@ -26,7 +26,7 @@ from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 from llmbatch.contract import uris
 from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
-from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat
+from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat, Task
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +45,23 @@ class JobOptions:
     user: Annotated[str | None, typer.Option(help="User message template, e.g. '{{ text }}'.")] = (
         None
     )
+    task: Annotated[
+        Task | None, typer.Option(help="generate (the default) or embed: one vector per row.")
+    ] = None
+    text: Annotated[
+        str | None,
+        typer.Option(help="Embed jobs: the text to embed, e.g. '{{ title }}\\n{{ body }}'."),
+    ] = None
+    dimensions: Annotated[
+        int | None, typer.Option(help="Embed jobs: keep N dimensions (Matryoshka models).")
+    ] = None
+    normalize: Annotated[
+        bool | None, typer.Option("--normalize/--no-normalize", help="Embed jobs: L2-normalize.")
+    ] = None
+    truncate_prompt_tokens: Annotated[
+        int | None,
+        typer.Option(help="Keep the last N tokens of a longer prompt or text, not dead-letter it."),
+    ] = None
     input_format: Annotated[InputFormat | None, typer.Option("--format")] = None
     id_field: Annotated[str | None, typer.Option(help="Row field with the item id.")] = None
     temperature: Annotated[float | None, typer.Option()] = None
@@ -129,6 +146,11 @@ class JobOptions:
         if self.json_schema is not None:
             sampling["json_schema"] = _read_json(self.json_schema, "--json-schema")
         values["sampling"] = sampling
+        if self.task is not None:
+            values["task"] = self.task
+        if self.text is not None:
+            values["text"] = self.text
+        self._task_options(values)
         # A worker resolves a relative path against its own working directory, not
         # this one: send absolute paths.
         values["inputs"] = [_absolute(uri) for uri in values["inputs"]]
@@ -138,6 +160,20 @@ class JobOptions:
             return JobSpec.model_validate(values)
         except ValidationError as exc:
             raise fail(_validation_message(exc)) from None
+
+    def _task_options(self, values: dict[str, Any]) -> None:
+        """Put the embed options in ``values["embedding"]`` and truncation where the
+        job's task takes it; JobSpec refuses what does not fit the task, by name."""
+        embedding = dict(values.get("embedding") or {})
+        for key, value in (("dimensions", self.dimensions), ("normalize", self.normalize)):
+            if value is not None:
+                embedding[key] = value
+        embed = values.get("task") == Task.EMBED
+        if self.truncate_prompt_tokens is not None:
+            target = embedding if embed else values["sampling"]
+            target["truncate_prompt_tokens"] = self.truncate_prompt_tokens
+        if embedding:
+            values["embedding"] = embedding
 
 
 def job_options(command: Callable[..., None]) -> Callable[..., None]:

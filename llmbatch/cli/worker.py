@@ -16,6 +16,7 @@ import typer
 
 from llmbatch.cli.common import fail
 from llmbatch.config import Settings
+from llmbatch.contract.spec import Task
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -60,6 +61,13 @@ def gpu(
         list[str] | None,
         typer.Argument(metavar="VLLM_ENGINE_ARGS", help=ENGINE_ARGS_HELP, show_default=False),
     ] = None,
+    task: Annotated[
+        Task,
+        typer.Option(
+            help="What the engine serves: generate, or embed (vLLM's pooling runner; add "
+            "--convert embed to embed with a decoder model)."
+        ),
+    ] = Task.GENERATE,
     concurrent_shards: Annotated[
         int, typer.Option(help="generate activities run at once on this engine.")
     ] = 4,
@@ -78,7 +86,7 @@ def gpu(
         ),
     ] = None,
 ) -> None:
-    """Load one vLLM engine and serve ``generate`` for its model.
+    """Load one vLLM engine and serve ``generate`` (or ``--task embed``) for its model.
 
     Engine options are vLLM's own engine arguments, given with the options here.
     """
@@ -108,6 +116,7 @@ def gpu(
             options,
             max_concurrent_activities=concurrent_shards,
             max_in_flight=max_in_flight,
+            task=task,
         )
     except (StartupCheckFailed, ConnectionLost) as exc:
         raise fail(str(exc)) from None

@@ -48,6 +48,12 @@ class JobLayout(BaseModel):
     def output_part(self, shard: int, extension: str) -> str:
         return f"{self.output_root}/part-{shard:05d}.{extension}"
 
+    def vectors(self, shard: int, name: str) -> str:
+        """An object of an embed job's vectors. Not under staging (which goes when the
+        job ends): the ledger points here, and a re-drive rewrites a shard's output
+        from it."""
+        return f"{self.output_root}/_vectors/shard-{shard:05d}/{name}.f32"
+
     def error_part(self, shard: int) -> str:
         return f"{self.output_root}/errors/part-{shard:05d}.jsonl"
 

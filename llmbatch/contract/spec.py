@@ -44,6 +44,17 @@ class InputFormat(enum.StrEnum):
     OPENAI = "openai"
 
 
+class Task(enum.StrEnum):
+    """What a job does with each row: generate text, or embed it as one vector.
+
+    A GPU worker serves one task for one model, and its task queue is named for both
+    (``Settings.gpu_task_queue``), so a job never lands on a worker of the other task.
+    """
+
+    GENERATE = "generate"
+    EMBED = "embed"
+
+
 class OutputFormat(enum.StrEnum):
     JSONL = "jsonl"
     PARQUET = "parquet"
@@ -114,6 +125,34 @@ class SamplingSpec(_Strict):
         return SamplingSpec.model_validate({**self.model_dump(), **overrides})
 
 
+class EmbedSpec(_Strict):
+    """Options of an embed job, mapped onto vLLM's ``PoolingParams``."""
+
+    dimensions: int | None = Field(
+        default=None,
+        ge=1,
+        description="Keep the first N dimensions (Matryoshka models only: other models "
+        "refuse it, and the item is dead-lettered as InvalidRequest).",
+    )
+    normalize: bool = Field(
+        default=True, description="L2-normalize each vector (vLLM's pooler activation)."
+    )
+    truncate_prompt_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Keep only the last N tokens of a longer text, instead of dead-lettering "
+        "a text longer than the model's context (PromptTooLong).",
+    )
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> EmbedSpec:
+        """These options with the ``overrides`` that are embed options (a re-drive's
+        ``--set truncate_prompt_tokens=N``) put over them; other keys are ignored."""
+        own = {k: v for k, v in overrides.items() if k in EmbedSpec.model_fields}
+        if not own:
+            return self
+        return EmbedSpec.model_validate({**self.model_dump(), **own})
+
+
 class RetrySpec(_Strict):
     """How hard llm-batch retries a shard's steps (transient failures) before the shard
     is reported failed."""
@@ -126,6 +165,12 @@ class ApiEndpoint(enum.StrEnum):
 
     CHAT_COMPLETIONS = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    EMBEDDINGS = "/v1/embeddings"
+
+    @property
+    def task(self) -> Task:
+        """The task this endpoint's requests run as."""
+        return Task.EMBED if self is ApiEndpoint.EMBEDDINGS else Task.GENERATE
 
 
 class ApiBatch(_Strict):
@@ -177,6 +222,18 @@ class JobSpec(_Strict):
         min_length=1,
         description="Chat messages whose contents are Jinja2 templates over row fields. "
         "Not used for OpenAI batch input, whose request bodies are used as given.",
+    )
+    task: Task = Field(
+        default=Task.GENERATE, description="generate text, or embed each row as a vector."
+    )
+    text: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Embed jobs: the text to embed, a Jinja2 template over the row's "
+        "fields. Not used for OpenAI batch input (/v1/embeddings lines carry it).",
+    )
+    embedding: EmbedSpec | None = Field(
+        default=None, description="Embed jobs' options (default: EmbedSpec())."
     )
     model: str = Field(min_length=1)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
@@ -246,14 +303,67 @@ class JobSpec(_Strict):
         _no_parent_segment(value, "output")
         return value
 
+    @property
+    def embed_options(self) -> EmbedSpec:
+        """The embed options in force (the defaults when none were given)."""
+        return self.embedding or EmbedSpec()
+
+    @property
+    def endpoint(self) -> ApiEndpoint:
+        """Where the job's OpenAI batch lines must point: an API batch's own endpoint,
+        else its task's (chat completions, or embeddings)."""
+        if self.api_batch is not None:
+            return self.api_batch.endpoint
+        return ApiEndpoint.EMBEDDINGS if self.task is Task.EMBED else ApiEndpoint.CHAT_COMPLETIONS
+
+    def template_messages(self) -> list[ChatMessage] | None:
+        """The templates rendered over each row: the prompt messages of a generate job,
+        or an embed job's text as one message (so both render in the same sandbox)."""
+        if self.task is Task.EMBED:
+            return None if self.text is None else [ChatMessage(role="user", content=self.text)]
+        return self.messages
+
+    @model_validator(mode="after")
+    def _task_options(self) -> Self:
+        # Each refusal names the field, so the caller knows what to drop.
+        if self.task is Task.EMBED:
+            if self.messages is not None:
+                raise ValueError("an embed job takes 'text', not 'messages'")
+            if self.sampling != SamplingSpec():
+                raise ValueError("'sampling' options are for generate jobs; drop them")
+            if self.input_format is InputFormat.OPENAI and self.text is not None:
+                raise ValueError("OpenAI batch input carries its own input; drop 'text'")
+            if self.input_format is not InputFormat.OPENAI and self.text is None:
+                if not all(_looks_like_jsonl(u) for u in self.inputs):
+                    raise ValueError(
+                        "'text' is required for an embed job unless the input is OpenAI batch JSONL"
+                    )
+        else:
+            if self.text is not None:
+                raise ValueError("'text' is for embed jobs (task 'embed'); use 'messages'")
+            if self.embedding is not None:
+                raise ValueError("'embedding' options are for embed jobs (task 'embed')")
+        return self
+
     @model_validator(mode="after")
     def _prompt_given(self) -> Self:
+        if self.task is Task.EMBED:
+            return self
         if self.input_format is not InputFormat.OPENAI and self.messages is None:
             # The format may still be detected as OpenAI later; planning checks again.
             if not all(_looks_like_jsonl(u) for u in self.inputs):
                 raise ValueError("messages are required unless the input is OpenAI batch JSONL")
         if self.input_format is InputFormat.OPENAI and self.messages is not None:
             raise ValueError("OpenAI batch input carries its own messages; drop 'messages'")
+        return self
+
+    @model_validator(mode="after")
+    def _endpoint_fits_task(self) -> Self:
+        if self.api_batch is not None and self.api_batch.endpoint.task is not self.task:
+            raise ValueError(
+                f"an API batch for {self.api_batch.endpoint} is a {self.api_batch.endpoint.task} "
+                f"job; set task to {self.api_batch.endpoint.task!r}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -55,12 +55,19 @@ def _json_column(values: list[Any]) -> bool:
     return len(kinds) > 1
 
 
-def write_parquet(rows: list[dict[str, Any]]) -> bytes:
+def write_parquet(
+    rows: list[dict[str, Any]], *, arrays: dict[str, tuple[int, pa.Array]] | None = None
+) -> bytes:
     """Rows as one Parquet file. Columns are the union of the rows' keys, in the order
     first seen (a row without a key holds null there). Columns with nested values
     (dicts, lists) or mixed kinds are stored as JSON text and named in the schema
     metadata, so :func:`read_parquet_bytes` gives back the values written; other
-    tools see strings."""
+    tools see strings.
+
+    ``arrays`` adds ready-made Arrow columns (name to (position, array), one value
+    per row), e.g. embeddings as a fixed-size list of float32, stored as they are; a
+    negative position counts from the end, as ``list.insert`` does.
+    """
     names: dict[str, None] = {}
     for row in rows:
         names.update(dict.fromkeys(row))
@@ -73,6 +80,9 @@ def write_parquet(rows: list[dict[str, Any]]) -> bytes:
             values = [None if v is None else _dumps(v).decode() for v in values]
         columns[name] = values
     table = pa.table(columns) if columns else pa.table({})
+    for name, (position, array) in (arrays or {}).items():
+        at = position if position >= 0 else max(0, table.num_columns + position)
+        table = table.add_column(min(at, table.num_columns), name, array)
     table = table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(as_json).encode()})
     buffer = io.BytesIO()
     pq.write_table(table, buffer)

@@ -5,16 +5,19 @@ from typing import Any
 
 import pytest
 
-from llmbatch.contract.spec import ApiEndpoint, SamplingSpec
+from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
 from llmbatch.openai_batch import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     BatchValidator,
     InvalidRequest,
     ParsedRequest,
     UnsupportedParameter,
+    WrongTask,
+    embedding_output_line,
     error_line,
     output_line,
     parse,
+    parse_embedding_request,
     parse_request,
 )
 
@@ -56,7 +59,7 @@ def test_text_content_parts_are_joined() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"url": "/v1/embeddings"}, "not supported"),
+        ({"url": "/v1/responses"}, "not supported"),
         ({"custom_id": None}, "custom_id"),
         ({"body": {"messages": []}}, "non-empty"),
         ({"body": {"messages": [{"role": "user", "content": "x"}], "n": 2}}, "n other than 1"),
@@ -275,3 +278,59 @@ def test_an_empty_file_and_too_many_requests_are_errors_of_the_file() -> None:
 
 def test_errors_are_kept_up_to_the_limit() -> None:
     assert len(validate([b"x\n"] * 10, max_errors=4)) == 4
+
+
+def embedding_line(**body: Any) -> dict[str, Any]:
+    return {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": body}
+
+
+def test_embedding_lines_take_a_string_or_a_list_and_dimensions() -> None:
+    defaults = EmbedSpec(normalize=False)
+    assert parse_embedding_request(
+        embedding_line(model="m", input="hi"), defaults=defaults, model="m"
+    ) == ("e", ["hi"], defaults)
+    _, texts, options = parse_embedding_request(
+        embedding_line(input=["a", "b"], dimensions=32, encoding_format="base64"),
+        defaults=defaults,
+        model="m",
+    )
+    assert texts == ["a", "b"] and options == EmbedSpec(dimensions=32, normalize=False)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"input": [1, 2]}, "token ids"),
+        ({"input": []}, "non-empty list"),
+        ({"input": ""}, "empty string"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "dimensions": 0}, "dimensions"),
+        ({"input": "x", "model": "other"}, "not this job's model"),
+    ],
+)
+def test_embedding_lines_that_cannot_run_are_refused(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_embedding_request(embedding_line(**body), defaults=EmbedSpec(), model="m")
+
+
+def test_a_line_of_the_other_task_refuses_the_job_naming_the_task() -> None:
+    with pytest.raises(WrongTask, match="for embed jobs"):
+        parse_request(embedding_line(input="x"), defaults=SamplingSpec(), model="m")
+    with pytest.raises(WrongTask, match="for generate jobs"):
+        parse_embedding_request(line(), defaults=EmbedSpec(), model="m")
+    with pytest.raises(UnsupportedParameter, match=r"body\.user_vectors"):
+        parse_embedding_request(
+            embedding_line(input="x", user_vectors=1), defaults=EmbedSpec(), model="m"
+        )
+
+
+def test_embedding_output_lines_have_the_openai_shape() -> None:
+    line = embedding_output_line(
+        job_id="j", custom_id="e", model="m", vectors=[b"\x00\x00\x80\x3f"], encoding="base64",
+        prompt_tokens=3,
+    )  # fmt: skip
+    assert line["custom_id"] == "e" and line["error"] is None
+    body = line["response"]["body"]
+    assert body["object"] == "list" and body["model"] == "m"
+    assert body["data"] == [{"object": "embedding", "embedding": "AACAPw==", "index": 0}]
+    assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}

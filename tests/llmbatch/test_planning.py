@@ -108,3 +108,31 @@ def test_openai_lines_with_other_faults_are_left_to_the_dead_letters(tmp_path: P
     path.write_text(request("a", logit_bias={}) + "\n" + json.dumps(bad) + "\n")
     info = planning.inspect_inputs(job(path, messages=None), STORES, SETTINGS.render_limits)
     assert info.input_format == "openai"
+
+
+def embedding_request(custom_id: str) -> str:
+    body = {"model": "m", "input": "hi"}
+    return json.dumps({"custom_id": custom_id, "url": "/v1/embeddings", "body": body})
+
+
+def test_a_file_of_the_other_task_is_refused_naming_the_task(tmp_path: Path) -> None:
+    path = tmp_path / "batch.jsonl"
+    path.write_text(embedding_request("a") + "\n" + embedding_request("b") + "\n")
+    with pytest.raises(planning.InvalidJobSpec, match=r"line 1: url /v1/embeddings is for embed"):
+        planning.inspect_inputs(job(path, messages=None), STORES, SETTINGS.render_limits)
+    embed = job(path, messages=None, task="embed")
+    assert planning.inspect_inputs(embed, STORES, SETTINGS.render_limits).input_format == "openai"
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(request("a") + "\n")
+    with pytest.raises(planning.InvalidJobSpec, match="is for generate jobs"):
+        planning.inspect_inputs(
+            job(chat, messages=None, task="embed"), STORES, SETTINGS.render_limits
+        )
+
+
+def test_an_embed_text_naming_a_missing_field_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"title": "t"}) + "\n")
+    spec = job(path, messages=None, task="embed", text="{{ title }} {{ body }}")
+    with pytest.raises(planning.InvalidJobSpec, match="body"):
+        planning.inspect_inputs(spec, STORES, SETTINGS.render_limits)

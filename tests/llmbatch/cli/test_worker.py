@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmbatch.cli.main import app
+from llmbatch.contract.spec import Task
 from llmbatch.engine import EngineOptions
 
 
@@ -55,7 +56,7 @@ def test_vllm_engine_arguments_pass_through_with_the_workers_own(
         "enforce_eager": True,
         "tensor_parallel_size": 1,
     }
-    assert kwargs == {"max_concurrent_activities": 2, "max_in_flight": 8}
+    assert kwargs == {"max_concurrent_activities": 2, "max_in_flight": 8, "task": Task.GENERATE}
 
 
 def test_a_misspelt_engine_argument_is_refused_in_one_line(
@@ -90,3 +91,17 @@ def test_the_cli_starts_without_vllm() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_embed_worker_takes_its_task_and_vllms_pooling_options(
+    started: list[tuple[EngineOptions, dict[str, Any]]],
+) -> None:
+    result = CliRunner().invoke(
+        app, ["worker", "gpu", "--model", "m", "--task", "embed", "--convert", "embed"]
+    )
+    assert result.exit_code == 0, result.output
+    [(options, kwargs)] = started
+    assert kwargs["task"] is Task.EMBED and options.engine_args == {"convert": "embed"}
+    # The pooling runner is implied for an embed worker, unless a runner is given.
+    assert options.for_task(Task.EMBED).engine_args == {"convert": "embed", "runner": "pooling"}
+    assert options.for_task(Task.GENERATE) == options

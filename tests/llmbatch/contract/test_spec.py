@@ -134,3 +134,44 @@ def test_priority_and_tenant_become_temporal_priority() -> None:
     assert task_priority(spec()) == Priority.default
     assert describe(spec()) == ""
     assert task_priority(spec(priority=5)) == Priority(priority_key=5)
+
+
+def embed(**overrides: Any) -> JobSpec:
+    return spec(**{"task": "embed", "messages": None, "text": "{{ x }}", **overrides})
+
+
+def test_an_embed_job_renders_its_text_as_one_message_with_default_options() -> None:
+    s = embed()
+    assert s.task == "embed" and s.embed_options.normalize is True
+    assert [m.model_dump() for m in s.template_messages() or []] == [
+        {"role": "user", "content": "{{ x }}"}
+    ]
+    assert embed(text=None, inputs=["s3://b/batch.jsonl"]).template_messages() is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"messages": [{"role": "user", "content": "{{ x }}"}]}, "'messages'"),
+        ({"sampling": {"max_tokens": 5}}, "'sampling'"),
+        ({"text": None}, "'text' is required"),
+        ({"input_format": "openai"}, "drop 'text'"),
+        ({"embedding": {"dimensions": 0}}, "dimensions"),
+    ],
+)
+def test_bad_embed_combinations_are_refused_naming_the_field(
+    overrides: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError, match=field):
+        embed(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [({"text": "{{ x }}"}, "'text'"), ({"embedding": {"normalize": False}}, "'embedding'")],
+)
+def test_embed_options_on_a_generate_job_are_refused_naming_the_field(
+    overrides: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError, match=field):
+        spec(**overrides)
