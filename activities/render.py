@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +13,7 @@ from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ErrorClass, ItemStatus
+from llmbatch.dedup import request_key
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.render_pool import Rendered
 from llmbatch.templates import TemplateError
@@ -46,7 +45,7 @@ class RenderActivities:
             rendered=dict(zip(templated, outcomes, strict=True)),
         )
         registered = await ledger.register_items(
-            self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(rows, requests)
+            self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(spec, rows, requests)
         )
         if registered.elsewhere:
             # Another shard has these ids: the copies here get ids of their own (by
@@ -64,7 +63,10 @@ class RenderActivities:
                     )
                 )
             registered = await ledger.register_items(
-                self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(rows, requests)
+                self._ctx.pool,
+                job_id=spec.job_id,
+                shard=shard,
+                items=_new_items(spec, rows, requests),
             )
         done = registered.done
         todo_dead = [d for d in dead if d.item_id not in done]
@@ -106,12 +108,14 @@ def _rename_repeated(
     return renamed, repeated
 
 
-def _new_items(rows: list[StagedRow], requests: dict[str, StagedRequest]) -> list[ledger.NewItem]:
+def _new_items(
+    spec: JobSpec, rows: list[StagedRow], requests: dict[str, StagedRequest]
+) -> list[ledger.NewItem]:
     return [
         ledger.NewItem(
             item_id=row.item_id, ordinal=row.ordinal, prompt_hash=prompt_hash, source=row.source
         )
-        for row, prompt_hash in _hashes(rows, requests)
+        for row, prompt_hash in _hashes(spec, rows, requests)
     ]
 
 
@@ -183,17 +187,17 @@ def _render(
 
 
 def _hashes(
-    rows: list[StagedRow], requests: dict[str, StagedRequest]
+    spec: JobSpec, rows: list[StagedRow], requests: dict[str, StagedRequest]
 ) -> list[tuple[StagedRow, str | None]]:
+    # The dedup key (llmbatch.dedup.request_key): what decides the request's result.
     out: list[tuple[StagedRow, str | None]] = []
     for row in rows:
         request = requests.get(row.item_id)
         if request is None:
             out.append((row, None))
             continue
-        body = json.dumps(
-            [request.messages, request.sampling.model_dump() if request.sampling else None],
-            sort_keys=True,
+        key = request_key(
+            model=spec.model, messages=request.messages, sampling=request.sampling or spec.sampling
         )
-        out.append((row, hashlib.sha256(body.encode()).hexdigest()))
+        out.append((row, key))
     return out

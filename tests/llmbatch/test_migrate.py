@@ -85,8 +85,11 @@ async def test_the_project_schema(empty_db_dsn: str) -> None:
         "api_files",
         "api_keys",
         "dead_letters",
+        "dedup_leads",
+        "engine_usage",
         "items",
         "jobs",
+        "result_cache",
         "schema_migrations",
         "shards",
     ]
