@@ -675,9 +675,9 @@ async def take_leads(
     ``lease_owner``; return the keys it now leads.
 
     A key is taken when nobody leads it, when this lease already does, or when its
-    lead is gone: the leader item is neither succeeded nor running under the lead's
-    lease (its attempt died and the item was released, re-claimed or marked dead), or
-    the lead was not renewed for ``stale_after_s``. Fenced in the WHERE clause, so of
+    lead is gone: the leader item has not succeeded, and it no longer runs under the
+    lead's lease (its attempt died and the item was released, re-claimed or marked
+    dead) or the lead was not renewed for ``stale_after_s``. Fenced in the WHERE clause, so of
     two shards asking at once exactly one leads.
     """
     if not leads:
@@ -691,11 +691,12 @@ async def take_leads(
             SET item_id = EXCLUDED.item_id, lease_owner = EXCLUDED.lease_owner,
                 renewed_at = now()
             WHERE l.lease_owner = EXCLUDED.lease_owner
-               OR l.renewed_at < now() - make_interval(secs => $5)
                OR NOT EXISTS (
                    SELECT 1 FROM items AS i
                    WHERE i.job_id = l.job_id AND i.item_id = l.item_id
-                     AND (i.status = $6 OR (i.status = $7 AND i.lease_owner = l.lease_owner)))
+                     AND (i.status = $6
+                          OR (i.status = $7 AND i.lease_owner = l.lease_owner
+                              AND l.renewed_at >= now() - make_interval(secs => $5))))
         RETURNING request_key
         """,
         job_id,
