@@ -107,16 +107,22 @@ class GenerateActivities:
             engine=self._engine,
         )
         gate = _PauseGate(self._ctx, job_id)
-        groups = _groups(spec, todo, dedup=spec.dedup)
-        # Answered by an earlier job's result for the same request and weights.
-        weights = self._engine.weights
-        if weights is not None and (
-            spec.cache if spec.cache is not None else self._ctx.settings.cache
-        ):
-            groups = await _from_cache(self._ctx, recorder, groups, weights)
         leads = _Leads(self._ctx, job_id, lease, recorder)
-        ready, waiting = await leads.resolve([g for g in groups if g.shared])
-        pending = deque([g for g in groups if not g.shared] + ready)
+        pending: deque[_Group] = deque()
+        waiting: list[_Group] = []
+
+        async def share_or_lead() -> None:
+            # Identical requests of the shard in one group; then what the cache has, then
+            # what another shard generated or leads; the rest this attempt generates.
+            nonlocal waiting
+            groups = _groups(spec, todo, dedup=spec.dedup)
+            weights = self._engine.weights
+            if weights is not None and (
+                spec.cache if spec.cache is not None else self._ctx.settings.cache
+            ):
+                groups = await _from_cache(self._ctx, recorder, groups, weights)
+            ready, waiting = await leads.resolve([g for g in groups if g.shared])
+            pending.extend([g for g in groups if not g.shared] + ready)
 
         async def engine_requests() -> AsyncIterator[GenerationRequest]:
             # Request ids are unique per attempt, so a zombie attempt's requests in the
@@ -151,6 +157,7 @@ class GenerateActivities:
             ),
         )
         try:
+            await share_or_lead()
             results = self._engine.generate_many(
                 engine_requests(), max_in_flight=self._max_in_flight, usage=usage
             )
@@ -520,6 +527,8 @@ class _Recorder:
         self._last_flush = time.monotonic()
         job_id, pool = self._input.spec.job_id, self._ctx.pool
         model = self._input.spec.model
+        # The engine's work first: it was done whether or not the results are kept.
+        await self._record_usage()
         if results:
             written = await ledger.record_results(
                 pool, job_id=job_id, lease_owner=self._lease, results=results
@@ -565,7 +574,6 @@ class _Recorder:
                 raise _superseded(self._lease)
             self.dead += written
             self._metrics.count_items(written, job_id=job_id, model=model, status=ItemStatus.DEAD)
-        await self._record_usage()
         self._progress.recorded = self.succeeded
         self._progress.dead = self.dead
 

@@ -129,11 +129,6 @@ class JobCounts:
     dead: int
     prompt_tokens: int
     completion_tokens: int
-    generated: int = 0
-    deduplicated: int = 0
-    cached: int = 0
-    reused_prompt_tokens: int = 0
-    reused_completion_tokens: int = 0
 
     @property
     def tokens(self) -> TokenCounts:
@@ -440,15 +435,7 @@ async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
                count(*) FILTER (WHERE status = $4) AS succeeded,
                count(*) FILTER (WHERE status = $5) AS dead,
                coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
-               coalesce(sum(completion_tokens), 0) AS completion_tokens,
-               count(*) FILTER (WHERE status = $4 AND coalesce(result_source, $6) = $6)
-                   AS generated,
-               count(*) FILTER (WHERE status = $4 AND result_source = $7) AS deduplicated,
-               count(*) FILTER (WHERE status = $4 AND result_source = $8) AS cached,
-               coalesce(sum(prompt_tokens) FILTER (WHERE result_source IN ($7, $8)), 0)
-                   AS reused_prompt_tokens,
-               coalesce(sum(completion_tokens) FILTER (WHERE result_source IN ($7, $8)), 0)
-                   AS reused_completion_tokens
+               coalesce(sum(completion_tokens), 0) AS completion_tokens
         FROM items WHERE job_id = $1
         """,
         job_id,
@@ -456,9 +443,6 @@ async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
         ItemStatus.RUNNING,
         ItemStatus.SUCCEEDED,
         ItemStatus.DEAD,
-        ResultSource.GENERATED,
-        ResultSource.DEDUPLICATED,
-        ResultSource.CACHED,
     )
     assert row is not None
     return JobCounts(**{k: int(v) for k, v in dict(row).items()})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
 from llmbatch import ledger
@@ -118,6 +119,12 @@ async def test_repeated_requests_are_generated_once_and_a_cached_rerun_needs_no_
             origin["text"],
             origin["completion_tokens"],
         )
+    # The Web UI's details line says where the results came from.
+    handle = temporal_client.get_workflow_handle(spec.job_id)
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert f"{DISTINCT} generated, {ROWS - DISTINCT} deduplicated, 0 cached" in (
+        metadata.current_details
+    )
     manifest = json.loads((out / spec.job_id / "manifest.json").read_text())
     assert manifest["usage"]["deduplicated"] == ROWS - DISTINCT
     assert manifest["usage"]["engine_requests"] == DISTINCT
