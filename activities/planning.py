@@ -139,6 +139,7 @@ class PlanningActivities:
             prompt_tokens=summary.tokens.prompt,
             completion_tokens=summary.tokens.completion,
         )
+        await ledger.forget_leads(self._ctx.pool, job_id=summary.job_id)
         await asyncio.to_thread(store.delete_prefix, layout.staging + "/")
         return summary
 

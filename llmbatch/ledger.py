@@ -724,6 +724,12 @@ async def leads(pool: Database, *, job_id: str, request_keys: Sequence[str]) -> 
     return {r["request_key"]: Lead(**dict(r)) for r in rows}
 
 
+async def forget_leads(pool: Database, *, job_id: str) -> None:
+    """Drop a finished job's leads (its items keep who shared with whom); a re-drive
+    that comes later leads afresh."""
+    await pool.execute("DELETE FROM dedup_leads WHERE job_id = $1", job_id)
+
+
 # --- engine usage: GPU time and cost ------------------------------------------------
 
 

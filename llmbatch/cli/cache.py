@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from llmbatch.cli.common import CliError, emit_json, out, run
+from llmbatch.cli.common import CliError, emit_json, fail, out, run
 from llmbatch.config import Settings, model_identity
 
 app = typer.Typer(no_args_is_help=True)
@@ -25,7 +25,7 @@ def parse_age(text: str) -> timedelta:
     """``30d``, ``12h``, ``90m``, ``2w``, ``45s`` as a duration."""
     match = _AGE.match(text)
     if match is None:
-        raise typer.BadParameter(f"{text!r} is not an age like 30d, 12h, 90m, 2w")
+        raise ValueError(f"--older-than {text!r} is not an age like 30d, 12h, 90m, 2w")
     return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
 
 
@@ -73,7 +73,10 @@ def purge(
     """Delete cached results (all of them unless --older-than or --model narrow it)."""
     from llmbatch import result_cache
 
-    age = parse_age(older_than) if older_than is not None else None
+    try:
+        age = parse_age(older_than) if older_than is not None else None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     name = model_identity(model) if model is not None else None
     deleted = run(
         _with_pool(Settings(), lambda pool: result_cache.purge(pool, older_than=age, model=name))

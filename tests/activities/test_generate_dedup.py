@@ -73,10 +73,12 @@ def _output(out: Path, job_id: str) -> list[dict[str, Any]]:
     ]
 
 
-async def _usage(settings: Settings, job_id: str) -> ledger.Usage:
+async def _usage(settings: Settings, job_id: str) -> tuple[ledger.Usage, int]:
+    """The job's usage, and how many dedup leads it left behind."""
     pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        return await ledger.usage(pool, job_id=job_id)
+        leads = await pool.fetchval("SELECT count(*) FROM dedup_leads WHERE job_id = $1", job_id)
+        return await ledger.usage(pool, job_id=job_id), leads
     finally:
         await pool.close()
 
@@ -94,7 +96,8 @@ async def test_repeated_requests_are_generated_once_and_a_cached_rerun_needs_no_
 
     assert summary.state == "succeeded" and summary.items_succeeded == ROWS
     assert requests == DISTINCT
-    usage = await _usage(workers, spec.job_id)
+    usage, leads_left = await _usage(workers, spec.job_id)
+    assert leads_left == 0  # a finished job's leads are dropped
     assert usage.engine_requests == DISTINCT  # as the attempts recorded it in the ledger
     assert (usage.generated, usage.deduplicated, usage.cached) == (DISTINCT, ROWS - DISTINCT, 0)
     assert summary.usage.generated == DISTINCT and summary.usage.deduplicated == ROWS - DISTINCT
