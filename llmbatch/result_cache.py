@@ -105,7 +105,7 @@ async def stats(db: Database) -> list[ModelStats]:
     """Entries, hits and age of the cache, per model and weights."""
     rows = await db.fetch(
         """
-        SELECT model, weights, count(*) AS entries, coalesce(sum(hits), 0) AS hits,
+        SELECT model, weights, count(*) AS entries, coalesce(sum(hits), 0)::bigint AS hits,
                min(created_at) AS oldest, max(created_at) AS newest
         FROM result_cache GROUP BY model, weights ORDER BY model, weights
         """
