@@ -91,11 +91,7 @@ def print_summary(summary: JobSummary, *, as_json: bool) -> None:
 
 def usage_line(usage: Usage) -> str:
     """Where results came from (and the tokens reused), GPU time and cost: one line."""
-    reused = usage.reused_tokens
-    line = usage.describe()
-    if usage.reused:
-        line += f"; reused tokens {reused.prompt} prompt, {reused.completion} completion"
-    return line
+    return usage.describe()
 
 
 async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: bool) -> None:

@@ -84,6 +84,9 @@ class Usage(BaseModel):
         )
         if self.reused and self.generated:
             line += f" ({self.gpu_seconds_saved:.1f} s saved)"
+        if self.reused:
+            reused = self.reused_tokens
+            line += f"; tokens reused {reused.prompt} prompt, {reused.completion} completion"
         if self.cost is not None:
             line += f"; cost {self.cost:.4f}"
             per = self.cost_per_1000(self.generated + self.reused)
