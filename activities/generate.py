@@ -284,7 +284,12 @@ def _groups(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> list[_G
     for request in todo:
         sampling = request.sampling or spec.sampling
         key = (
-            request_key(model=spec.model, messages=request.messages, sampling=sampling)
+            request_key(
+                model=spec.model,
+                messages=request.messages,
+                prompt=request.prompt,
+                sampling=sampling,
+            )
             if sampling.reproducible
             else None
         )
@@ -438,6 +443,7 @@ class _Recorder:
         return GenerationRequest(
             request_id=f"{self._lease}:{index}",
             messages=request.messages,
+            prompt=request.prompt,
             sampling=request.sampling or self._input.spec.sampling,
         )
 

@@ -10,7 +10,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import ledger, planning, storage
+from llmbatch import ledger, openai_batch, planning, storage
+from llmbatch.api import records as api_records
 from llmbatch.contract.messages import (
     FinalizeInput,
     JobEndInput,
@@ -22,6 +23,11 @@ from llmbatch.contract.messages import (
 )
 from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
 from llmbatch.contract.spec import JobSpec
+from llmbatch.contract.states import BatchStatus
+
+
+class _BatchInvalid(planning.InvalidJobSpec):
+    """An API batch's lines failed validation (its errors are recorded already)."""
 
 
 class PlanningActivities:
@@ -36,11 +42,19 @@ class PlanningActivities:
         thousands of shards, far more than a Temporal payload may carry.
         """
         try:
+            if spec.api_batch is not None:
+                await self._validate_api_batch(spec)
             info = await asyncio.to_thread(
                 planning.inspect_inputs, spec, self._ctx.store, self._ctx.settings.render_limits
             )
             shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
+        except _BatchInvalid as exc:
+            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
         except planning.InvalidJobSpec as exc:
+            if spec.api_batch is not None:
+                await self._fail_api_batch(
+                    spec, [openai_batch.BatchError(openai_batch.INVALID_REQUEST, str(exc))]
+                )
             raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
         layout = JobLayout(
             job_id=spec.job_id,
@@ -65,12 +79,44 @@ class PlanningActivities:
             model=spec.model,
             output_uri=layout.output_root,
         )
+        if spec.api_batch is not None:
+            # Every line is valid and the plan is stored: the batch runs.
+            await api_records.set_batch_status(
+                self._ctx.pool, batch_id=spec.job_id, status=BatchStatus.IN_PROGRESS
+            )
         return PlanResult(
             layout=layout,
             shard_count=len(shards),
             items_total=sum(s.row_count for s in shards),
             gpu_task_queue=self._ctx.settings.gpu_task_queue(spec.model),
             generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
+        )
+
+    async def _validate_api_batch(self, spec: JobSpec) -> None:
+        """Check every line of an OpenAI Batch API batch before anything runs; on any
+        error the batch is ``failed`` with its errors (line, code, message, param)."""
+        errors = await asyncio.to_thread(
+            planning.validate_api_batch,
+            spec,
+            self._ctx.store,
+            max_requests=self._ctx.settings.api_max_requests_per_batch,
+        )
+        if not errors:
+            return
+        await self._fail_api_batch(spec, errors)
+        shown = "; ".join(
+            (f"line {e.line}: " if e.line is not None else "") + f"{e.code}: {e.message}"
+            for e in errors[:3]
+        )
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise _BatchInvalid(f"the batch input file is invalid: {shown}{more}")
+
+    async def _fail_api_batch(self, spec: JobSpec, errors: list[openai_batch.BatchError]) -> None:
+        await api_records.set_batch_status(
+            self._ctx.pool,
+            batch_id=spec.job_id,
+            status=BatchStatus.FAILED,
+            errors=[e.as_json() for e in errors],
         )
 
     @activity.defn(name=FINALIZE_JOB)

@@ -159,15 +159,23 @@ def _render(
                 row, row.error_class or ErrorClass.INVALID_ROW, row.error or "row could not be read"
             )
             continue
+        prompt: str | None = None
+        messages: list[dict[str, str]] | None
         if fmt is InputFormat.OPENAI:
             try:
-                _, messages, own = openai_batch.parse_request(
-                    row.fields, defaults=spec.sampling, model=spec.model
+                parsed = openai_batch.parse(
+                    row.fields,
+                    defaults=spec.sampling,
+                    model=spec.model,
+                    endpoint=spec.api_batch.endpoint
+                    if spec.api_batch
+                    else openai_batch.ApiEndpoint.CHAT_COMPLETIONS,
                 )
             except openai_batch.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
                 continue
-            sampling = own.with_overrides(overrides)
+            messages, prompt = parsed.messages, parsed.prompt
+            sampling = parsed.sampling.with_overrides(overrides)
         else:
             outcome = rendered[index]
             if isinstance(outcome, TemplateError):
@@ -180,6 +188,7 @@ def _render(
             item_id=row.item_id,
             source=row.source,
             messages=messages,
+            prompt=prompt,
             # None stands for the job's own sampling: not repeated on every staged row.
             sampling=None if sampling == spec.sampling else sampling,
         )
@@ -197,7 +206,10 @@ def _hashes(
             out.append((row, None))
             continue
         key = request_key(
-            model=spec.model, messages=request.messages, sampling=request.sampling or spec.sampling
+            model=spec.model,
+            messages=request.messages,
+            prompt=request.prompt,
+            sampling=request.sampling or spec.sampling,
         )
         out.append((row, key))
     return out

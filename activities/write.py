@@ -139,6 +139,9 @@ def _openai_lines(
                     prompt_tokens=e.prompt_tokens or 0,
                     completion_tokens=e.completion_tokens or 0,
                     created=int(e.finished_at.timestamp()) if e.finished_at else 0,
+                    endpoint=spec.api_batch.endpoint
+                    if spec.api_batch
+                    else openai_batch.ApiEndpoint.CHAT_COMPLETIONS,
                 )
             )
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -13,6 +15,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -22,33 +25,82 @@ from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import BatchJobInput, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
 from llmbatch.contract.spec import JobSpec
+from llmbatch.security.codec import EncryptionCodec, Keyring, KeyringError, load_keyring
+from llmbatch.security.connection import (
+    ConnectionConfigError,
+    TemporalTarget,
+    explain_connect_error,
+    temporal_target,
+)
 
 
 class TemporalUnavailable(RuntimeError):
-    """Temporal cannot be reached at the configured address."""
+    """Temporal cannot be reached, or refused the connection: one line naming the cause."""
+
+
+def data_converter(keyring: Keyring | None) -> DataConverter:
+    """Pydantic JSON, encrypted with ``keyring``'s current key when there is one.
+
+    With a keyring, failure messages and stack traces move into an encoded (so
+    encrypted) attribute too: a failure's message may quote what it failed on.
+    """
+    if keyring is None:
+        return pydantic_data_converter
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=EncryptionCodec(keyring),
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
+
+
+def connection(settings: Settings) -> tuple[TemporalTarget, Keyring | None]:
+    """Where to connect and the payload keyring, from ``settings`` and Temporal's
+    environment configuration; TemporalUnavailable (one line) when they are unusable."""
+    try:
+        return temporal_target(settings), load_keyring(settings)
+    except (ConnectionConfigError, KeyringError) as exc:
+        raise TemporalUnavailable(str(exc)) from None
 
 
 async def connect(settings: Settings) -> Client:
-    """A client on the configured namespace, speaking pydantic JSON.
+    """A client on the configured Temporal, speaking pydantic JSON; the one way every
+    llm-batch process (CLI, workers, the embedded stack's checks, ``serve``) connects.
+
+    The address, namespace, TLS, client certificate and API key come from
+    :func:`llmbatch.security.connection.temporal_target` (``TEMPORAL_*`` and Temporal's
+    TOML profiles, ``LLMBATCH_TEMPORAL_*`` first); payloads are encrypted when a codec
+    keyring is configured (:func:`llmbatch.security.codec.load_keyring`).
 
     OpenTelemetry is set up from the ``OTEL_*`` environment first (once per process),
     and the client carries Temporal's tracing interceptor, which workers built on it
     inherit: a job's client call, workflows and activities make one trace.
     """
-    telemetry.install()
+    target, keyring = connection(settings)
+    return await connect_to(target, keyring=keyring)
+
+
+async def connect_to(
+    target: TemporalTarget, *, keyring: Keyring | None, tracing: bool = True
+) -> Client:
+    """:func:`connect` once the target is resolved (the embedded stack's own checks
+    connect without tracing)."""
+    if tracing:
+        telemetry.install()
     try:
         return await Client.connect(
-            settings.temporal_address,
-            namespace=settings.temporal_namespace,
-            data_converter=pydantic_data_converter,
-            interceptors=[telemetry.tracing_interceptor()],
+            target.address,
+            namespace=target.namespace,
+            api_key=target.api_key,
+            tls=target.tls,
+            rpc_metadata=target.rpc_metadata,
+            data_converter=data_converter(keyring),
+            interceptors=[telemetry.tracing_interceptor()] if tracing else [],
         )
     except (RuntimeError, RPCError) as exc:
-        raise TemporalUnavailable(
-            f"cannot reach Temporal at {settings.temporal_address} "
-            f"(namespace {settings.temporal_namespace}): {exc}. "
-            "Is the stack up? Try: llm-batch dev up"
-        ) from exc
+        line = explain_connect_error(exc, target)
+        if target.tls is False and "Connection refused" in str(exc):
+            line += ". Is the stack up? Try: llm-batch dev up"
+        raise TemporalUnavailable(line) from exc
 
 
 async def start_job(

@@ -86,6 +86,26 @@ class Settings(BaseSettings):
         "GPUs counts each); jobs then report their cost. Unset: no cost shown.",
     )
 
+    # Payload encryption (llmbatch.security.codec): a keyring as JSON, or a file of it;
+    # neither set, the state folder's codec-keys.json (`llm-batch dev up --encrypt`).
+    codec_keys: SecretStr | None = Field(
+        default=None,
+        description='The payload-encryption keyring as JSON: {"current": ID, "keys": '
+        "{ID: base64 of 32 bytes}}. Set, every payload llm-batch puts in Temporal is "
+        "encrypted with the current key.",
+    )
+    codec_keys_file: Path | None = Field(
+        default=None, description="A file holding the keyring (see codec_keys)."
+    )
+    codec_server_api_key: SecretStr | None = Field(
+        default=None,
+        description="The key `llm-batch codec-server` asks of every request "
+        "(Authorization: Bearer KEY).",
+    )
+    codec_server_port: int = Field(
+        default=8234, description="The embedded stack's codec server port (dev up --encrypt)."
+    )
+
     postgres_dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:55432/llmbatch")
     migrations_dir: Path | None = Field(
         default=None,
@@ -130,6 +150,11 @@ class Settings(BaseSettings):
     )
     render_max_memory_mb: int = Field(
         default=1024, gt=0, description="Memory a render process may take beyond its start."
+    )
+
+    # The OpenAI Batch API (`llm-batch serve`): validation refuses a larger batch file.
+    api_max_requests_per_batch: int = Field(
+        default=50_000, ge=1, description="Most requests one batch file may hold (OpenAI's)."
     )
 
     @property

@@ -26,12 +26,15 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".mo
 _BLOCK = 8 << 20
 
 
-def request_key(*, model: str, messages: Any, sampling: SamplingSpec) -> str:
+def request_key(
+    *, model: str, messages: Any, sampling: SamplingSpec, prompt: str | None = None
+) -> str:
     """sha256 of everything that decides a request's result: the model as named, the
-    rendered messages (or request body), every sampling parameter and the
-    structured-output constraint (part of the sampling)."""
+    rendered chat messages or the raw prompt (a completions request), every sampling
+    parameter and the structured-output constraint (part of the sampling)."""
+    what = [messages] if prompt is None else ["prompt", prompt]
     body = json.dumps(
-        [model_identity(model), messages, sampling.model_dump(mode="json")],
+        [model_identity(model), *what, sampling.model_dump(mode="json")],
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,

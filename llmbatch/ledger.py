@@ -425,6 +425,37 @@ async def shard_results(pool: Database, *, job_id: str, shard: int) -> list[Ledg
     ]
 
 
+async def items_by_id(
+    pool: Database, *, job_id: str, item_ids: Sequence[str]
+) -> dict[str, LedgerRow]:
+    """The ledger rows of ``item_ids`` (those the job has), by item id."""
+    rows = await pool.fetch(
+        """
+        SELECT item_id, ordinal, status, attempt, source, result, prompt_tokens,
+               completion_tokens, latency_ms, error_class, error_message, finished_at
+        FROM items WHERE job_id = $1 AND item_id = ANY($2::text[])
+        """,
+        job_id,
+        list(item_ids),
+    )
+    return {
+        r["item_id"]: LedgerRow(
+            **{
+                **dict(r),
+                "status": ItemStatus(r["status"]),
+                "error_class": r["error_class"] and ErrorClass(r["error_class"]),
+            }
+        )
+        for r in rows
+    }
+
+
+async def planned_shards(pool: Database, *, job_id: str) -> list[int]:
+    """The shard numbers of a job's plan, in order."""
+    rows = await pool.fetch("SELECT shard FROM shards WHERE job_id = $1 ORDER BY shard", job_id)
+    return [int(r["shard"]) for r in rows]
+
+
 async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
     """How many of a job's items are in each status, and the tokens of those that succeeded."""
     row = await pool.fetchrow(

@@ -1,6 +1,7 @@
 """OpenAI batch JSONL: request lines in, OpenAI-shaped output and error lines out.
 
-Input lines are ``{custom_id, method, url, body}`` with ``url`` = /v1/chat/completions.
+Input lines are ``{custom_id, method, url, body}`` with ``url`` = /v1/chat/completions
+(or, in a batch of the OpenAI Batch API created for that endpoint, /v1/completions).
 Output follows the OpenAI Batch API: one output line per succeeded request and one
 error-file line per failed request, matched by ``custom_id``.
 """
@@ -8,12 +9,18 @@ error-file line per failed request, matched by ``custom_id``.
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmbatch.config import model_identity
-from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.spec import ApiEndpoint, SamplingSpec
 
-CHAT_COMPLETIONS_URL = "/v1/chat/completions"
+CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
+COMPLETIONS_URL = ApiEndpoint.COMPLETIONS.value
+# OpenAI's /v1/completions default for max_tokens (vLLM's too): a line that leaves it
+# out gets what it would get from OpenAI, not the job's chat default.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # A line's body.model is quoted in its error, cut to this: a row may hold anything there.
 MODEL_NAME_CHARS = 200
 
@@ -44,6 +51,8 @@ MAPPED_PARAMETERS = frozenset(
         "n",
     }
 )
+# /v1/completions: the same, with a prompt instead of messages (no response_format).
+COMPLETIONS_PARAMETERS = (MAPPED_PARAMETERS - {"messages", "response_format"}) | {"prompt"}
 # Parameters that do not change the answer: bookkeeping for the caller.
 IGNORED_PARAMETERS = frozenset({"user", "metadata", "store"})
 # Parameters accepted only at the value that asks for nothing (OpenAI's default).
@@ -53,35 +62,92 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0,),
     "presence_penalty": (0,),
     "logit_bias": ({},),
+    # /v1/completions only: no echo of the prompt, no suffix, one candidate.
+    "echo": (False,),
+    "best_of": (1,),
 }
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """One batch line, ready to run: chat ``messages`` or a raw ``prompt``."""
+
+    custom_id: str
+    sampling: SamplingSpec
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
 
 
 def parse_request(
     line: dict[str, Any], *, defaults: SamplingSpec, model: str
 ) -> tuple[str, list[dict[str, str]], SamplingSpec]:
-    """Map one batch line of a job on ``model`` to (custom_id, chat messages,
-    sampling); raise InvalidRequest.
+    """Map one chat batch line of a job on ``model`` to (custom_id, chat messages,
+    sampling); raise InvalidRequest. See :func:`parse`."""
+    parsed = parse(line, defaults=defaults, model=model)
+    assert parsed.messages is not None  # a chat line
+    return parsed.custom_id, parsed.messages, parsed.sampling
+
+
+def parse(
+    line: dict[str, Any],
+    *,
+    defaults: SamplingSpec,
+    model: str,
+    endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
+) -> ParsedRequest:
+    """Map one batch line of a job on ``model`` whose requests go to ``endpoint``
+    (a plain job's: chat completions) to a request; raise InvalidRequest.
 
     A line may leave ``body.model`` out (the job's model runs it); a line naming
     another model is refused, never run on the job's: its caller asked for that model.
+    A /v1/completions line's prompt runs as given, without a chat template.
     """
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise InvalidRequest("custom_id is missing or not a string")
-    if line.get("url") != CHAT_COMPLETIONS_URL:
-        raise InvalidRequest(
-            f"url {line.get('url')!r} is not supported; use {CHAT_COMPLETIONS_URL}"
-        )
+    if line.get("url") != endpoint.value:
+        raise InvalidRequest(f"url {line.get('url')!r} is not supported; use {endpoint.value}")
     if str(line.get("method", "POST")).upper() != "POST":
         raise InvalidRequest("method must be POST")
     body = line.get("body")
     if not isinstance(body, dict):
         raise InvalidRequest("body is missing or not an object")
     _check_model(body.get("model"), model)
-    _check_parameters(body)
+    completions = endpoint is ApiEndpoint.COMPLETIONS
+    _check_parameters(body, COMPLETIONS_PARAMETERS if completions else MAPPED_PARAMETERS)
     if body.get("n", 1) != 1:
         raise InvalidRequest("n other than 1 is not supported")
-    return custom_id, _messages(body.get("messages")), _sampling(body, defaults)
+    if completions:
+        if body.get("max_tokens") is None:
+            body = {**body, "max_tokens": COMPLETIONS_DEFAULT_MAX_TOKENS}
+        return ParsedRequest(
+            custom_id=custom_id, sampling=_sampling(body, defaults), prompt=_prompt(body)
+        )
+    return ParsedRequest(
+        custom_id=custom_id,
+        sampling=_sampling(body, defaults),
+        messages=_messages(body.get("messages")),
+    )
+
+
+def _prompt(body: dict[str, Any]) -> str:
+    """A /v1/completions prompt: a string, or a list of exactly one string (one request
+    is one completion here). Token ids are refused: they are tokens of the caller's
+    tokenizer, which need not be the model's."""
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]
+    if isinstance(raw, str):
+        return raw
+    if (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(t, int) or isinstance(t, list) for t in raw)
+    ):
+        raise InvalidRequest("body.prompt as token ids is not supported; send the prompt as text")
+    if isinstance(raw, list):
+        raise InvalidRequest("body.prompt must be a string or a list of exactly one string")
+    raise InvalidRequest("body.prompt is missing or not a string")
 
 
 def _check_model(named: Any, model: str) -> None:
@@ -97,9 +163,9 @@ def _check_model(named: Any, model: str) -> None:
         )
 
 
-def _check_parameters(body: dict[str, Any]) -> None:
+def _check_parameters(body: dict[str, Any], mapped: frozenset[str]) -> None:
     for name in sorted(body):
-        if name in MAPPED_PARAMETERS or name in IGNORED_PARAMETERS:
+        if name in mapped or name in IGNORED_PARAMETERS:
             continue
         value = body[name]
         if value is None or (name in NO_OP_VALUES and value in NO_OP_VALUES[name]):
@@ -107,7 +173,7 @@ def _check_parameters(body: dict[str, Any]) -> None:
         if name in NO_OP_VALUES:
             raise UnsupportedParameter(f"body.{name}={value!r} is not supported")
         raise UnsupportedParameter(
-            f"body.{name} is not supported; supported: {', '.join(sorted(MAPPED_PARAMETERS))}"
+            f"body.{name} is not supported; supported: {', '.join(sorted(mapped))}"
         )
 
 
@@ -175,34 +241,47 @@ def output_line(
     prompt_tokens: int,
     completion_tokens: int,
     created: int,
+    endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
 ) -> dict[str, Any]:
-    """A succeeded request, as the OpenAI Batch API writes it to the output file."""
+    """A succeeded request, as the OpenAI Batch API writes it to the output file: a
+    ``chat.completion`` body, or a ``text_completion`` one for /v1/completions."""
     key = _short_hash(job_id, custom_id)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    body: dict[str, Any]
+    if endpoint is ApiEndpoint.COMPLETIONS:
+        body = {
+            "id": f"cmpl-{key}",
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"text": text, "index": 0, "finish_reason": finish_reason, "logprobs": None}
+            ],
+            "usage": usage,
+        }
+    else:
+        body = {
+            "id": f"chatcmpl-{key}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage,
+        }
     return {
         "id": f"batch_req_{key}",
         "custom_id": custom_id,
-        "response": {
-            "status_code": 200,
-            "request_id": f"req_{key}",
-            "body": {
-                "id": f"chatcmpl-{key}",
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish_reason,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            },
-        },
+        "response": {"status_code": 200, "request_id": f"req_{key}", "body": body},
         "error": None,
     }
 
@@ -215,3 +294,140 @@ def error_line(*, job_id: str, custom_id: str, code: str, message: str) -> dict[
         "response": None,
         "error": {"code": code, "message": message},
     }
+
+
+# --- validation of a whole batch file (the OpenAI Batch API's "validating") ------------
+
+# Codes of a batch's ``errors.data`` entries, as OpenAI's Batch API names them.
+INVALID_JSON_LINE = "invalid_json_line"
+MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
+INVALID_METHOD = "invalid_method"
+URL_MISMATCH = "url_mismatch"
+DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+MODEL_MISMATCH = "model_mismatch"
+EMPTY_FILE = "empty_file"
+TOO_MANY_TASKS = "too_many_tasks"
+# Not OpenAI's (its limit is on the file): a line past the job's max_row_bytes.
+LINE_TOO_LARGE = "line_too_large"
+# Any other reason planning refuses the batch (an unsupported parameter on every line).
+INVALID_REQUEST = "invalid_request"
+
+# Error-file codes of requests that never ran, as OpenAI writes them.
+BATCH_EXPIRED = "batch_expired"
+BATCH_EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
+BATCH_CANCELLED = "batch_cancelled"
+BATCH_CANCELLED_MESSAGE = "This request was not executed because the batch was cancelled."
+
+# A failed batch keeps at most this many error entries (the first ones, by line): one
+# systematic fault would otherwise give a million entries.
+MAX_BATCH_ERRORS = 100
+
+
+@dataclass(frozen=True)
+class BatchError:
+    """One entry of a failed batch's ``errors.data``; ``line`` is 1-based."""
+
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+@dataclass
+class BatchValidator:
+    """Checks every line of a batch file, one at a time (:meth:`add`), with memory
+    bounded by the number of requests (a 16-byte digest per custom_id)."""
+
+    endpoint: ApiEndpoint
+    model: str
+    max_requests: int
+    max_errors: int = MAX_BATCH_ERRORS
+    errors: list[BatchError] = field(default_factory=list)
+    requests: int = 0
+    _seen: dict[bytes, int] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        """No more errors will be kept (or the file has too many requests): stop reading."""
+        return len(self.errors) >= self.max_errors or self.requests > self.max_requests
+
+    def add(self, line: int, data: bytes | None, *, max_bytes: int) -> None:
+        """Check the line numbered ``line``; ``data`` None means longer than ``max_bytes``."""
+        self.requests += 1
+        if self.requests > self.max_requests:
+            self._error(
+                TOO_MANY_TASKS,
+                f"The batch input file has more than the maximum of {self.max_requests} requests.",
+            )
+            return
+        if data is None:
+            self._error(
+                LINE_TOO_LARGE, f"This line is longer than the limit of {max_bytes} bytes.", line
+            )
+            return
+        problem = self._check(data)
+        if problem is not None:
+            code, message, param = problem
+            self._error(code, message, line, param)
+            return
+
+    def finish(self) -> list[BatchError]:
+        """The errors found (at most ``max_errors``); an empty file is one."""
+        if self.requests == 0:
+            self._error(EMPTY_FILE, "The batch input file is empty.")
+        return self.errors[: self.max_errors]
+
+    def _error(
+        self, code: str, message: str, line: int | None = None, param: str | None = None
+    ) -> None:
+        if len(self.errors) < self.max_errors:
+            self.errors.append(BatchError(code=code, message=message, param=param, line=line))
+
+    def _check(self, data: bytes) -> tuple[str, str, str | None] | None:
+        try:
+            request = json.loads(data)
+        except ValueError:
+            return INVALID_JSON_LINE, "This line is not parseable as valid JSON.", None
+        if not isinstance(request, dict):
+            return INVALID_JSON_LINE, "This line is not a JSON object.", None
+        for name in ("custom_id", "method", "url", "body"):
+            if request.get(name) is None:
+                return MISSING_REQUIRED_PARAMETER, f"Missing required parameter: '{name}'.", name
+        custom_id, body = request["custom_id"], request["body"]
+        if not isinstance(custom_id, str) or not custom_id:
+            return MISSING_REQUIRED_PARAMETER, "custom_id must be a non-empty string.", "custom_id"
+        if not isinstance(body, dict):
+            return MISSING_REQUIRED_PARAMETER, "body must be a JSON object.", "body"
+        if str(request["method"]).upper() != "POST":
+            return INVALID_METHOD, "The method of a batch request must be POST.", "method"
+        if request["url"] != self.endpoint.value:
+            return (
+                URL_MISMATCH,
+                f"The URL provided for this request does not match the batch endpoint "
+                f"{self.endpoint.value}.",
+                "url",
+            )
+        digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
+        first = self._seen.setdefault(digest, self.requests)
+        if first != self.requests:
+            return (
+                DUPLICATE_CUSTOM_ID,
+                "The custom_id for this request is a duplicate of another request. The "
+                "custom_id parameter must be unique for each request in a batch.",
+                "custom_id",
+            )
+        named = body.get("model")
+        if named is not None and (
+            not isinstance(named, str) or model_identity(named) != model_identity(self.model)
+        ):
+            shown = str(named)[:MODEL_NAME_CHARS]
+            return (
+                MODEL_MISMATCH,
+                f"The model {shown!r} of this request does not match the batch's model "
+                f"{self.model!r}.",
+                "body.model",
+            )
+        return None

@@ -71,6 +71,35 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor, limits: RenderLimits) -> 
     return InputsInfo(objects=objects, input_format=fmt)
 
 
+def validate_api_batch(
+    spec: JobSpec, store_for: StoreFor, *, max_requests: int
+) -> list[openai_batch.BatchError]:
+    """Every line of an OpenAI Batch API batch's input checked, as OpenAI checks a
+    batch file before running any of it; the errors found (none: the batch may run).
+
+    Streams the file once with bounded memory, and stops at the error limit or at
+    the first request past ``max_requests``.
+    """
+    batch = spec.api_batch
+    if batch is None:
+        return []
+    validator = openai_batch.BatchValidator(
+        endpoint=batch.endpoint, model=spec.model, max_requests=max_requests
+    )
+    for uri in spec.inputs:
+        try:
+            objects = store_for(uri).list(uri)
+        except storage.StorageError as exc:
+            raise InvalidJobSpec(f"cannot read input {uri}: {exc}") from exc
+        for obj in objects:
+            lines = formats.iter_lines(store_for(obj.uri), obj.uri, max_bytes=spec.max_row_bytes)
+            for line, data in lines:
+                validator.add(line, data, max_bytes=spec.max_row_bytes)
+                if validator.full:
+                    return validator.finish()
+    return validator.finish()
+
+
 def check_output(spec: JobSpec, store_for: StoreFor) -> None:
     """Refuse an output that no write can reach, before a single one is tried: a
     missing bucket (an S3 server such as SeaweedFS would create it on the first write,
@@ -140,9 +169,12 @@ def _check_request_sample(spec: JobSpec, obj: storage.ObjectInfo, store_for: Sto
     """Refuse OpenAI batch input whose first requests ask for a parameter llm-batch does
     not run: every line is built alike, so the whole job would end dead-lettered.
     Other faults of a line stay that line's (it is dead-lettered, the rest runs)."""
+    endpoint = (
+        spec.api_batch.endpoint if spec.api_batch else openai_batch.ApiEndpoint.CHAT_COMPLETIONS
+    )
     for line, request in formats.sample_objects(store_for(obj.uri), obj):
         try:
-            openai_batch.parse_request(request, defaults=spec.sampling, model=spec.model)
+            openai_batch.parse(request, defaults=spec.sampling, model=spec.model, endpoint=endpoint)
         except openai_batch.UnsupportedParameter as exc:
             raise InvalidJobSpec(f"{obj.uri} line {line}: {exc}") from exc
         except openai_batch.InvalidRequest:

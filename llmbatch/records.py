@@ -29,11 +29,13 @@ class StagedRow(BaseModel):
 
 
 class StagedRequest(BaseModel):
-    """One generation request as rendered by ``render_prompts``."""
+    """One generation request as rendered by ``render_prompts``: chat ``messages``, or
+    a raw ``prompt`` (an OpenAI /v1/completions request)."""
 
     item_id: str
     source: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
     sampling: SamplingSpec | None = None  # None: the job's sampling
 
 

@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.buckets",
     "tests.fixtures.model",
     "tests.fixtures.workers",
+    "tests.fixtures.tls",
 ]

@@ -30,6 +30,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from tests.fixtures.schema import PROJECT_TABLES
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 SYSTEM_PATH = "/usr/bin:/bin"
@@ -203,13 +205,7 @@ async def test_migrate_from_the_wheel(installed: Installed, empty_db_dsn: str) -
         applied = await conn.fetch("SELECT name FROM schema_migrations ORDER BY version")
     finally:
         await conn.close()
-    assert [t["tablename"] for t in tables] == [
-        "dead_letters",
-        "items",
-        "jobs",
-        "schema_migrations",
-        "shards",
-    ]
+    assert [t["tablename"] for t in tables] == PROJECT_TABLES
     assert [r["name"] for r in applied] == shipped
 
 

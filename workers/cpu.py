@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.api_batch import ApiBatchActivities
 from activities.context import ActivityContext
 from activities.control import ControlActivities
 from activities.dead_letters import DeadLetterActivities
@@ -33,6 +34,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
     render, write = RenderActivities(ctx), WriteActivities(ctx)
     control = ControlActivities(ctx)
     dead_letters = DeadLetterActivities(ctx)
+    api_batch = ApiBatchActivities(ctx)
     return Worker(
         client,
         task_queue=ctx.settings.cpu_task_queue,
@@ -51,6 +53,8 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
             dead_letters.report_dead_letters,
             dead_letters.requeue_dead_letters,
             control.set_job_paused,
+            api_batch.set_api_batch_status,
+            api_batch.finish_api_batch,
         ],
     )
 
@@ -86,7 +90,8 @@ async def run_cpu_worker(settings: Settings) -> None:
             await serve(
                 build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)),
                 name=name,
-                ready=f"{name} polling {settings.cpu_task_queue} on {settings.temporal_address}",
+                ready=f"{name} polling {settings.cpu_task_queue} on "
+                f"{client.service_client.config.target_host}",
             )
         finally:
             await pool.close()

@@ -123,7 +123,8 @@ async def run_gpu_worker(
                 worker,
                 name=name,
                 ready=f"{name} for {options.model} polling "
-                f"{settings.gpu_task_queue(options.model)} on {settings.temporal_address}",
+                f"{settings.gpu_task_queue(options.model)} on "
+                f"{client.service_client.config.target_host}",
                 also=dead,
             )
         finally:

@@ -19,9 +19,10 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import storage
-from llmbatch.client import TemporalUnavailable, connect
+from llmbatch.client import TemporalUnavailable, connect_to, connection
 from llmbatch.config import Settings, redact
 from llmbatch.migrate import MigrationError, load_migrations
+from llmbatch.security.connection import explain_connect_error
 from workers.shutdown import one_line
 
 # Each check gives up after this long: a service that does not answer within it is
@@ -56,29 +57,34 @@ def check_now(settings: Settings) -> None:
 
 async def check_temporal(settings: Settings) -> Client:
     """Connect, and make sure the namespace exists (a worker on a missing one would
-    only fail at its first poll)."""
-    where = f"Temporal at {settings.temporal_address}"
+    only fail at its first poll). A refused handshake, an expired certificate or a
+    wrong API key is one line naming the cause (llmbatch.security.connection)."""
     try:
-        client = await asyncio.wait_for(connect(settings), CHECK_TIMEOUT_S)
+        target, keyring = connection(settings)
     except TemporalUnavailable as exc:
-        raise StartupCheckFailed(
-            f"cannot reach {where}: {one_line(exc.__cause__ or exc)}"
-        ) from None
+        raise StartupCheckFailed(one_line(exc)) from None
+    where = target.describe()
+    try:
+        client = await asyncio.wait_for(connect_to(target, keyring=keyring), CHECK_TIMEOUT_S)
+    except TemporalUnavailable as exc:
+        raise StartupCheckFailed(one_line(exc)) from None
     except TimeoutError:
         raise StartupCheckFailed(
             f"cannot reach {where}: no answer within {CHECK_TIMEOUT_S:.0f} s"
         ) from None
     try:
         await client.workflow_service.describe_namespace(
-            DescribeNamespaceRequest(namespace=settings.temporal_namespace),
+            DescribeNamespaceRequest(namespace=target.namespace),
             timeout=timedelta(seconds=CHECK_TIMEOUT_S),
         )
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise StartupCheckFailed(
-                f"{where} has no namespace {settings.temporal_namespace!r} "
-                "(LLMBATCH_TEMPORAL_NAMESPACE)"
+                f"{where} has no namespace {target.namespace!r} "
+                "(LLMBATCH_TEMPORAL_NAMESPACE or TEMPORAL_NAMESPACE)"
             ) from None
+        if exc.status in (RPCStatusCode.UNAUTHENTICATED, RPCStatusCode.PERMISSION_DENIED):
+            raise StartupCheckFailed(explain_connect_error(exc, target)) from None
         raise StartupCheckFailed(f"{where} refused: {one_line(exc)}") from None
     return client
 

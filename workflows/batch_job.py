@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -19,6 +19,9 @@ with workflow.unsafe.imports_passed_through():
 
     from llmbatch.contract import search_attributes as sa
     from llmbatch.contract.messages import (
+        ApiBatchEndInput,
+        ApiBatchFiles,
+        ApiBatchStatusInput,
         BatchJobInput,
         FinalizeInput,
         JobControlState,
@@ -34,12 +37,14 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.names import (
         BATCH_JOB_WORKFLOW,
         FINALIZE_JOB,
+        FINISH_API_BATCH,
         JOB_FINISHED_SIGNAL,
         PAUSE_UPDATE,
         PLAN_JOB,
         PROGRESS_QUERY,
         RECORD_JOB_END,
         RESUME_UPDATE,
+        SET_API_BATCH_STATUS,
         SET_JOB_PAUSED,
         SHARD_FINISHED_SIGNAL,
         SHARD_WORKFLOW,
@@ -48,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from llmbatch.contract.progress import format_duration
     from llmbatch.contract.spec import JOB_ID_PATTERN, JobSpec
-    from llmbatch.contract.states import FailureType, JobState
+    from llmbatch.contract.states import BatchStatus, FailureType, JobState
 
 from workflows import options
 
@@ -77,6 +82,9 @@ class BatchJobWorkflow:
         if self._state.progress is None:
             self._state.progress = JobProgress(job_id=self._spec.job_id, model=self._spec.model)
         self._finishing = False
+        # An OpenAI Batch API batch's completion window: set when its timer fires.
+        self._expired = False
+        self._expiry_timer: asyncio.Task[None] | None = None
         # Pause and resume calls apply one at a time, in the order they came.
         self._control = asyncio.Lock()
 
@@ -129,15 +137,23 @@ class BatchJobWorkflow:
             if self._state.plan is None:
                 await self._plan()
             await self._run_shards()
+            if self._expired:
+                return await self._expire()
             return await self._finalize()
         except asyncio.CancelledError:
             await self._cancel_shards()
+            if self._is_api_batch():
+                # OpenAI's cancel keeps what finished: the files hold it.
+                await self._end_api_batch(BatchStatus.CANCELLED, quiet=True)
             await self._record_end(JobState.CANCELLED)
             raise
         except FailureError:
             # Only these fail the workflow (other errors fail a task, which is retried).
             # ContinueAsNewError is a BaseException and passes by.
             await self._record_end(JobState.FAILED)
+            if self._is_api_batch():
+                # Fenced: a batch that failed validation keeps its errors.
+                await self._set_api_batch_status(BatchStatus.FAILED, quiet=True)
             raise
 
     async def _plan(self) -> None:
@@ -161,9 +177,13 @@ class BatchJobWorkflow:
         self._publish()
 
     async def _run_shards(self) -> None:
-        """Keep up to ``max_concurrent_shards`` shards running until all have reported;
-        continue as new whenever Temporal suggests it."""
+        """Keep up to ``max_concurrent_shards`` shards running until all have reported
+        (or an API batch's completion window has passed); continue as new whenever
+        Temporal suggests it."""
+        self._arm_expiry()
         while True:
+            if self._expired:
+                return
             self._count_reports()
             while self._may_start_shard():
                 await self._start_next_shard()
@@ -172,7 +192,7 @@ class BatchJobWorkflow:
             if workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new()
             await workflow.wait_condition(
-                lambda: bool(self._state.finished) or self._may_start_shard()
+                lambda: bool(self._state.finished) or self._may_start_shard() or self._expired
             )
 
     async def _continue_as_new(self) -> None:
@@ -180,7 +200,7 @@ class BatchJobWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(BatchJobInput(spec=self._spec, state=self._state))
 
-    async def _cancel_shards(self) -> None:
+    async def _cancel_shards(self, state: JobState = JobState.CANCELLED) -> None:
         """Pass the job's cancel on to its running shards: abandoned children do not
         follow their parent's cancellation on their own.
 
@@ -190,7 +210,7 @@ class BatchJobWorkflow:
         of a cancelled job runs again (re-drives need a job that finished).
         """
         p = self._progress
-        p.state = JobState.CANCELLED
+        p.state = state
         self._publish()
         self._finishing = True
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -240,6 +260,9 @@ class BatchJobWorkflow:
         await self._end_pause()
         summary.paused = False
         self._publish()
+        api_batch = self._is_api_batch()
+        if api_batch:
+            await self._set_api_batch_status(BatchStatus.FINALIZING)
         summary = await workflow.execute_activity(
             FINALIZE_JOB,
             FinalizeInput(spec=self._spec, layout=plan.layout, summary=summary),
@@ -248,12 +271,106 @@ class BatchJobWorkflow:
         )
         self._state.progress = summary
         self._publish()
+        if api_batch:
+            await self._end_api_batch(BatchStatus.COMPLETED)
         if summary.items_dead:
             # Re-drives wait for this: they must not race the job's own shards.
             await workflow.get_external_workflow_handle(
                 dead_letter_workflow_id(self._spec.job_id)
             ).signal(JOB_FINISHED_SIGNAL, summary)
         return summary
+
+    # --- OpenAI Batch API batches --------------------------------------------------------
+
+    def _is_api_batch(self) -> bool:
+        """An OpenAI Batch API batch (``spec.api_batch``), run by code whose steps
+        histories from before it lack (a plain job never asks, so its history is
+        as it was)."""
+        return self._spec.api_batch is not None and workflow.patched(FINISH_API_BATCH)
+
+    def _arm_expiry(self) -> None:
+        """Start the timer of an API batch's completion window, counted from the job's
+        start (carried across continue-as-new); a passed window expires at once."""
+        batch = self._spec.api_batch
+        if self._expiry_timer is not None or self._expired or batch is None:
+            return
+        if self._progress.started_at is None or not self._is_api_batch():
+            return
+        deadline = datetime.fromisoformat(self._progress.started_at) + timedelta(
+            seconds=batch.completion_window_s
+        )
+        left = deadline - workflow.now()
+        if left <= timedelta(0):
+            self._expired = True
+            return
+
+        async def expire_after() -> None:
+            await workflow.sleep(left, summary="completion window")
+            self._expired = True
+
+        self._expiry_timer = asyncio.create_task(expire_after())
+
+    async def _expire(self) -> JobSummary:
+        """The completion window passed: stop what runs (as cancel does), end the batch
+        ``expired`` with the finished results in its files, and the job ``expired``."""
+        plan = self._state.plan
+        assert plan is not None
+        await self._cancel_shards(JobState.EXPIRED)
+        files = await self._end_api_batch(BatchStatus.EXPIRED, quiet=True)
+        await self._record_end(JobState.EXPIRED)
+        # `llm-batch list` reads a closed job's state from here (the workflow completed).
+        workflow.upsert_memo({"state": str(JobState.EXPIRED)})
+        summary = JobSummary(**self._progress.model_dump(), output_root=plan.layout.output_root)
+        summary.state = JobState.EXPIRED
+        summary.finished_at = workflow.now().isoformat()
+        if files is not None:
+            summary.items_succeeded, summary.items_dead = files.succeeded, files.failed
+            summary.tokens = files.tokens
+        if summary.started_at:
+            summary.elapsed_s = (
+                workflow.now() - datetime.fromisoformat(summary.started_at)
+            ).total_seconds()
+        self._state.progress = summary
+        self._publish()
+        return summary
+
+    async def _set_api_batch_status(self, status: BatchStatus, *, quiet: bool = False) -> None:
+        try:
+            await workflow.execute_activity(
+                SET_API_BATCH_STATUS,
+                ApiBatchStatusInput(batch_id=self._spec.job_id, status=status),
+                result_type=bool,
+                **options.ledger_step(summary=f"batch {status}"),
+            )
+        except FailureError as err:
+            if not quiet:
+                raise
+            workflow.logger.warning("batch %s: not set %s: %s", self._spec.job_id, status, err)
+
+    async def _end_api_batch(
+        self, status: BatchStatus, *, quiet: bool = False
+    ) -> ApiBatchFiles | None:
+        """Assemble and register the batch's output and error files, and set its final
+        ``status``. ``quiet``: on the way out of a cancel or expiry, a failure here is
+        logged (the batch is failed) rather than hiding how the job ended."""
+        plan = self._state.plan
+        if plan is None:  # ended while validating: nothing ran, no files
+            await self._set_api_batch_status(status, quiet=quiet)
+            return None
+        try:
+            files: ApiBatchFiles = await workflow.execute_activity(
+                FINISH_API_BATCH,
+                ApiBatchEndInput(spec=self._spec, layout=plan.layout, status=status),
+                result_type=ApiBatchFiles,
+                **options.cpu_step(self._spec, summary=f"batch {status}: output and error files"),
+            )
+        except FailureError as err:
+            if not quiet:
+                raise
+            workflow.logger.warning("batch %s: files not made: %s", self._spec.job_id, err)
+            await self._set_api_batch_status(BatchStatus.FAILED, quiet=True)
+            return None
+        return files
 
     # --- the shard window ---------------------------------------------------------------
 
@@ -265,6 +382,7 @@ class BatchJobWorkflow:
         """A free place in the window, a shard left to start, and the job not paused."""
         return (
             not self._all_started()
+            and not self._expired
             and self._state.plan is not None
             and not self._progress.paused
             and len(self._progress.shards_running) < self._spec.max_concurrent_shards

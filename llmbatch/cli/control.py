@@ -138,6 +138,12 @@ async def _job_row(client: Client, execution: WorkflowExecution) -> dict[str, An
         "age_s": None,
     }
     started = execution.start_time
+    if execution.status == WorkflowExecutionStatus.COMPLETED:
+        # A job that ended otherwise than its workflow's status says (an API batch
+        # that expired completes its workflow) names its state in the memo.
+        memo = await execution.memo()
+        if isinstance(memo.get("state"), str):
+            row["state"] = memo["state"]
     if execution.status == WorkflowExecutionStatus.RUNNING:
         live = await _query_quietly(client.get_workflow_handle(execution.id))
         if live is not None:

@@ -25,12 +25,24 @@ def _stack() -> DevStack:
 @app.command("up")
 def up(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+    encrypt: Annotated[
+        bool,
+        typer.Option(
+            "--encrypt",
+            help="Encrypt payloads: make a keyring in the state folder (every llm-batch "
+            "process using the folder encrypts with it), run the codec server and give "
+            "the Web UI its endpoint.",
+        ),
+    ] = False,
 ) -> None:
     """Start Temporal (with Web UI), Postgres and S3 on 127.0.0.1; a no-op if running."""
     from llmbatch.devstack import DevStackError
 
     try:
-        status = _stack().up()
+        stack = _stack()
+        if encrypt:
+            stack.enable_encryption()
+        status = stack.up()
     except DevStackError as exc:
         raise fail(str(exc)) from None
     if as_json:

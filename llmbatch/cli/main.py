@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from llmbatch.cli import cache, control, demo, dev, dlq, jobs, migrate, schedules, worker
+from llmbatch.cli import cache, codec, control, demo, dev, dlq, jobs, migrate, schedules, worker
 from llmbatch.cli.common import leave_if_client_command
 
 
@@ -38,6 +38,8 @@ app.add_typer(dlq.app, name="dlq", help="A job's dead items: list them, re-drive
 app.add_typer(cache.app, name="cache", help="The result cache across jobs: stats, purge.")
 app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
+app.command("codec-server")(codec.codec_server)
+app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
 jobs.register(app)
 control.register(app)
 

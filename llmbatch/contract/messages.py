@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from llmbatch.contract.spec import InputFormat, JobSpec
-from llmbatch.contract.states import JobState
+from llmbatch.contract.states import BatchStatus, JobState
 
 
 class TokenCounts(BaseModel):
@@ -229,6 +229,33 @@ class JobEndInput(BaseModel):
     job_id: str
     state: JobState
     items_total: int = 0
+
+
+class ApiBatchStatusInput(BaseModel):
+    """Input of ``set_api_batch_status``: an OpenAI Batch API batch's new status."""
+
+    batch_id: str
+    status: BatchStatus
+
+
+class ApiBatchEndInput(BaseModel):
+    """Input of ``finish_api_batch``: how the batch ends (completed, expired or
+    cancelled); requests not finished by then stop and go to the error file."""
+
+    spec: JobSpec
+    layout: JobLayout
+    status: BatchStatus
+
+
+class ApiBatchFiles(BaseModel):
+    """What ``finish_api_batch`` made: the files' ids (None: no such lines) and how
+    many requests each holds."""
+
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    succeeded: int = 0
+    failed: int = 0
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
 
 
 class JobControlState(BaseModel):

@@ -24,6 +24,11 @@ SET_JOB_PAUSED = "set_job_paused"
 # A cancelled or failed job never reaches finalize_job; this records its end state
 # in the ledger's jobs row instead, so the row does not stay "running".
 RECORD_JOB_END = "record_job_end"
+# An OpenAI Batch API batch (JobSpec.api_batch): its status in api_batches, and its
+# end (output and error files assembled and registered, the final status). Also the
+# patch id of the workflow code that calls them.
+SET_API_BATCH_STATUS = "set_api_batch_status"
+FINISH_API_BATCH = "finish_api_batch"
 FAIL_SHARD = "fail_shard"
 REPORT_DEAD_LETTERS = "report_dead_letters"
 REQUEUE_DEAD_LETTERS = "requeue_dead_letters"

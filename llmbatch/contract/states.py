@@ -80,6 +80,10 @@ class ErrorClass(enum.StrEnum):
     INVALID_STRUCTURED_OUTPUT = "InvalidStructuredOutput"
     # The shard around it failed for good (storage gone, retries spent).
     SHARD_FAILED = "ShardFailed"
+    # An OpenAI Batch API batch ended before the item ran: its completion window
+    # passed, or it was cancelled.
+    BATCH_EXPIRED = "BatchExpired"
+    BATCH_CANCELLED = "BatchCancelled"
     # No worker serving the job's model took the generate step in time.
     NO_WORKER = "NoWorker"
     # The step reached a worker that has another model loaded (it refused to run it).

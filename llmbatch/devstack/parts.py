@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Coroutine, Iterator
@@ -191,6 +192,10 @@ class TemporalPart(Part):
             "--db-filename", str(db), "--namespace", s.temporal_namespace,
             "--ui-disable-news-fetch", "--log-level", "warn",
         ]  # fmt: skip
+        codec = codec_endpoint(s)
+        if codec is not None:
+            # `dev up --encrypt`: the Web UI decodes payloads through the codec server.
+            argv += ["--ui-codec-endpoint", codec]
         for key in search_attributes.ALL:
             argv += ["--search-attribute", f"{key.name}={_sa_type(key)}"]
         self._launch(argv)
@@ -206,11 +211,16 @@ class TemporalPart(Part):
             AddSearchAttributesRequest,
             ListSearchAttributesRequest,
         )
-        from temporalio.client import Client
+
+        from llmbatch.client import connect_to
+        from llmbatch.security.connection import TemporalTarget
 
         namespace = self.settings.temporal_namespace
         timeout = timedelta(seconds=_PROBE_TIMEOUT_S)
-        client = await Client.connect(self.settings.temporal_address, namespace=namespace)
+        # The dev server this part started: plain text on 127.0.0.1, whatever TEMPORAL_*
+        # points the other processes at; no payloads, so no codec, no tracing.
+        target = TemporalTarget(address=self.settings.temporal_address, namespace=namespace)
+        client = await connect_to(target, keyring=None, tracing=False)
         listed = await client.operator_service.list_search_attributes(
             ListSearchAttributesRequest(namespace=namespace), timeout=timeout
         )
@@ -228,6 +238,45 @@ class TemporalPart(Part):
             )
             return False
         return True
+
+
+# Beside the keyring (llmbatch.security.codec.STATE_KEYRING_FILE) in the state folder.
+CODEC_API_KEY_FILE = "codec-server-api-key"
+
+
+def encrypted(settings: Settings) -> bool:
+    """Whether the state folder holds a keyring (``llm-batch dev up --encrypt``)."""
+    from llmbatch.security.codec import state_keyring_path
+
+    return state_keyring_path(settings).is_file()
+
+
+def codec_api_key_path(settings: Settings) -> Path:
+    return settings.state_dir.resolve() / CODEC_API_KEY_FILE
+
+
+def codec_api_key(settings: Settings) -> str:
+    """The embedded codec server's API key, made (private) on first use."""
+    import secrets
+
+    path = codec_api_key_path(settings)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def codec_endpoint(settings: Settings) -> str | None:
+    """The Web UI's codec endpoint, when the stack encrypts; None otherwise.
+
+    The Web UI sends no credentials of its own, so its endpoint carries the codec
+    server's API key as its first path segment (see llmbatch.security.codec_server).
+    """
+    if not encrypted(settings):
+        return None
+    return f"http://127.0.0.1:{settings.codec_server_port}/{codec_api_key(settings)}"
 
 
 def _sa_type(key: SearchAttributeKey[Any]) -> str:
@@ -515,3 +564,45 @@ class SeaweedPart(Part):
             if match and int(match.group(1)) in ports:
                 with contextlib.suppress(OSError):
                     sock.unlink()
+
+
+class CodecServerPart(Part):
+    """``llm-batch codec-server`` for the stack's Web UI (only with ``dev up --encrypt``)."""
+
+    name = "codec-server"
+    distribution = "llm-batch"
+    port_settings = {"http": "LLMBATCH_CODEC_SERVER_PORT"}
+    ready_within_s = 60.0
+
+    def installed(self) -> bool:
+        return True
+
+    def named_ports(self) -> dict[str, int]:
+        return {"http": self.settings.codec_server_port}
+
+    def endpoint(self) -> str:
+        # Where, never the key the Web UI's endpoint carries.
+        return f"http://127.0.0.1:{self.settings.codec_server_port}"
+
+    def start(self) -> None:
+        s = self.settings
+        codec_api_key(s)  # made here if the keyring came from `codec-key rotate`
+        argv = [
+            sys.executable, "-m", "llmbatch.cli.main", "codec-server",
+            "--host", "127.0.0.1", "--port", str(s.codec_server_port),
+            "--api-key-file", str(codec_api_key_path(s)), "--ui-origin", s.web_ui_url,
+        ]  # fmt: skip
+        # It reads the keyring from this state folder, whatever the caller's folder is.
+        env = {**os.environ, "LLMBATCH_STATE_DIR": str(self.state)}
+        self._launch(argv, env=env, cwd=self.state)
+
+    def _ready(self) -> bool:
+        # Answering at all is ready: without the key it must refuse (401).
+        request = urllib.request.Request(
+            f"{self.endpoint()}/decode", data=b'{"payloads": []}', method="POST"
+        )
+        try:
+            urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            return exc.code == 401
+        return False

@@ -14,10 +14,13 @@ from llmbatch.config import Settings, redact
 from llmbatch.devstack import process
 from llmbatch.devstack.parts import (
     INSTALL_LOCAL_EXTRA,
+    CodecServerPart,
     Part,
     PostgresPart,
     SeaweedPart,
     TemporalPart,
+    codec_api_key,
+    encrypted,
 )
 from llmbatch.devstack.process import DevStackError
 
@@ -51,6 +54,12 @@ class StackStatus(BaseModel):
     s3_endpoint: str | None
     s3_bucket: str
     started: list[str] = Field(default_factory=list)
+    encrypted: bool = Field(
+        default=False, description="Payloads are encrypted with the state folder's keyring."
+    )
+    codec_server: str | None = Field(
+        default=None, description="The codec server (dev up --encrypt), without its key."
+    )
 
     @property
     def running(self) -> bool:
@@ -67,6 +76,11 @@ class StackStatus(BaseModel):
             f"  Postgres:  {self.postgres_dsn}",
             f"  S3:        {self.s3_endpoint} (bucket {self.s3_bucket})",
         ]
+        if self.encrypted:
+            lines.append(
+                f"  Payloads:  encrypted; codec server {self.codec_server} "
+                "(its key: codec-server-api-key in the state folder)"
+            )
         return "\n".join(lines)
 
 
@@ -114,6 +128,28 @@ class DevStack:
                 self._save(parts)
             return self._status(parts, started=[p.name for p in started])
 
+    def enable_encryption(self) -> bool:
+        """``dev up --encrypt``: a keyring and a codec-server API key in the state folder,
+        made if missing (True when made now). Every llm-batch process using this state
+        folder then encrypts its payloads, and ``up`` runs the codec server and gives
+        the Web UI its endpoint. Raises DevStackError when Temporal already runs without
+        it (it takes the endpoint at start)."""
+        from llmbatch.security.codec import new_keyring, state_keyring_path, write_keyring
+
+        with process.locked(self._lock):
+            keyring_path = state_keyring_path(self.settings)
+            if keyring_path.is_file():
+                return False
+            temporal = next(p for p in self._parts() if isinstance(p, TemporalPart))
+            if temporal.running():
+                raise DevStackError(
+                    f"Temporal already runs from {self.state} without a codec endpoint; "
+                    "run `llm-batch dev down`, then `llm-batch dev up --encrypt`"
+                )
+            codec_api_key(self.settings)
+            write_keyring(keyring_path, new_keyring())
+            return True
+
     def down(self) -> None:
         """Stop every part (all at once; SIGKILL after a grace period). Data stays."""
         with process.locked(self._lock):
@@ -129,7 +165,8 @@ class DevStack:
 
     def _parts(self) -> list[Part]:
         saved = self._load()
-        parts = [cls(self.settings) for cls in PARTS]
+        kinds = [*PARTS, CodecServerPart] if encrypted(self.settings) else list(PARTS)
+        parts = [cls(self.settings) for cls in kinds]
         for part in parts:
             record = saved.get(part.name, {})
             part.pid = record.get("pid")
@@ -229,4 +266,6 @@ class DevStack:
             s3_endpoint=redact(s.s3_endpoint_url) if s.s3_endpoint_url else None,
             s3_bucket=s.s3_bucket,
             started=started or [],
+            encrypted=encrypted(s),
+            codec_server=f"http://127.0.0.1:{s.codec_server_port}" if encrypted(s) else None,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -329,3 +329,24 @@ def sample_row(
         if fields is not None:
             return fields
     return None
+
+
+def iter_lines(
+    store: ObjectStore, uri: str, *, max_bytes: int, chunk_bytes: int = CHUNK_BYTES
+) -> Generator[tuple[int, bytes | None], None, None]:
+    """(1-based line number, bytes) of every non-blank line of a JSON-lines object,
+    streamed with bounded memory; the bytes are None for a line longer than
+    ``max_bytes``."""
+
+    def without_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        first = True
+        for chunk in chunks:
+            if first and chunk.startswith(UTF8_BOM):
+                chunk = chunk[len(UTF8_BOM) :]
+            first = False
+            yield chunk
+
+    chunks = without_bom(iter_chunks(store.open_read(uri), chunk_bytes))
+    for record in scan_records(chunks, keep_bytes=max_bytes):
+        if not record.blank:
+            yield record.line, record.data

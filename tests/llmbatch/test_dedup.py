@@ -26,8 +26,11 @@ def test_the_request_key_covers_model_messages_sampling_and_constraint() -> None
         request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(max_tokens=9)),
         request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(choice=["a", "b"])),
         request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(seed=3)),
+        # Completions requests: the raw prompt decides, not the (absent) messages.
+        request_key(model="m", messages=None, prompt="Once upon", sampling=SamplingSpec()),
+        request_key(model="m", messages=None, prompt="Once upon a", sampling=SamplingSpec()),
     ]
-    assert len({base, *others}) == 6
+    assert len({base, *others}) == 8
     assert SamplingSpec().reproducible and SamplingSpec(temperature=0.7, seed=1).reproducible
     assert not SamplingSpec(temperature=0.7).reproducible
 

@@ -502,3 +502,10 @@ def test_parquet_output_is_plain_columns_for_other_tools() -> None:
     assert table.schema.field("id").type == pa.string()
     assert table.schema.field("n").type == pa.float64()
     assert table.column("meta").to_pylist() == ['{"k":"v"}', None]  # JSON text
+
+
+def test_iter_lines_streams_non_blank_lines_with_their_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n\n   \n' + b"x" * 50 + b'\n{"b": 2}')
+    lines = list(formats.iter_lines(STORE, str(path), max_bytes=20, chunk_bytes=7))
+    assert lines == [(1, b'{"a": 1}\n'), (4, None), (5, b'{"b": 2}')]

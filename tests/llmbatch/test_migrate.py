@@ -12,6 +12,7 @@ import pytest
 
 from llmbatch.devstack.process import free_port
 from llmbatch.migrate import MigrationError, apply_migrations, packaged_migrations
+from tests.fixtures.schema import PROJECT_TABLES
 
 
 def copy_migrations(tmp_path: Path) -> Path:
@@ -80,19 +81,7 @@ async def test_the_project_schema(empty_db_dsn: str) -> None:
             )
     finally:
         await conn.close()
-    assert [t["tablename"] for t in tables] == [
-        "api_batches",
-        "api_files",
-        "api_keys",
-        "dead_letters",
-        "dedup_leads",
-        "engine_usage",
-        "items",
-        "jobs",
-        "result_cache",
-        "schema_migrations",
-        "shards",
-    ]
+    assert [t["tablename"] for t in tables] == PROJECT_TABLES
 
 
 async def test_a_changed_applied_file_is_refused(empty_db_dsn: str, tmp_path: Path) -> None:

@@ -1,15 +1,20 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.spec import ApiEndpoint, SamplingSpec
 from llmbatch.openai_batch import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    BatchValidator,
     InvalidRequest,
+    ParsedRequest,
     UnsupportedParameter,
     error_line,
     output_line,
+    parse,
     parse_request,
 )
 
@@ -126,3 +131,147 @@ def test_output_and_error_lines_have_the_openai_shape() -> None:
     err = error_line(job_id="j", custom_id="a", code="InvalidRequest", message="bad")
     assert err["id"] == out["id"] and err["response"] is None
     assert err["error"] == {"code": "InvalidRequest", "message": "bad"}
+
+
+# --- /v1/completions -------------------------------------------------------------------
+
+
+def completion(**body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": "c",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "m", "prompt": "Once upon", **body},
+    }
+
+
+def parse_completion(request: dict[str, Any]) -> ParsedRequest:
+    return parse(request, defaults=SamplingSpec(), model="m", endpoint=ApiEndpoint.COMPLETIONS)
+
+
+def test_a_completion_runs_its_prompt_as_given_with_openais_max_tokens_default() -> None:
+    parsed = parse_completion(completion(temperature=0.3, stop="\n"))
+    assert (parsed.custom_id, parsed.prompt, parsed.messages) == ("c", "Once upon", None)
+    assert parsed.sampling.max_tokens == COMPLETIONS_DEFAULT_MAX_TOKENS
+    assert (parsed.sampling.temperature, parsed.sampling.stop) == (0.3, ["\n"])
+    assert parse_completion(completion(max_tokens=9)).sampling.max_tokens == 9
+
+
+def test_a_list_of_one_prompt_is_that_prompt() -> None:
+    assert parse_completion(completion(prompt=["only one"])).prompt == "only one"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([1, 2, 3], "token ids"),
+        ([[1, 2], [3]], "token ids"),
+        (["a", "b"], "exactly one string"),
+        ([], "exactly one string"),
+        (None, "missing"),
+        (7, "missing"),
+    ],
+)
+def test_prompts_that_are_not_one_text_are_refused(prompt: Any, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_completion(completion(prompt=prompt))
+
+
+def test_a_completion_refuses_chat_only_parameters_and_the_other_endpoint() -> None:
+    with pytest.raises(UnsupportedParameter, match=r"body\.messages"):
+        parse_completion(completion(messages=[{"role": "user", "content": "x"}]))
+    with pytest.raises(UnsupportedParameter, match=r"body\.suffix"):
+        parse_completion(completion(suffix="end"))
+    with pytest.raises(InvalidRequest, match="/v1/completions"):
+        parse_completion({**completion(), "url": "/v1/chat/completions"})
+    # A plain job (no API batch) runs chat lines only, as before.
+    with pytest.raises(InvalidRequest, match="/v1/chat/completions"):
+        parse(completion(), defaults=SamplingSpec(), model="m")
+
+
+def test_a_completion_output_line_is_a_text_completion() -> None:
+    out = output_line(
+        job_id="j",
+        custom_id="c",
+        model="m",
+        text=" a time",
+        finish_reason="length",
+        prompt_tokens=3,
+        completion_tokens=2,
+        created=11,
+        endpoint=ApiEndpoint.COMPLETIONS,
+    )
+    body = out["response"]["body"]
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"] == [
+        {"text": " a time", "index": 0, "finish_reason": "length", "logprobs": None}
+    ]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+# --- validation of a whole batch file --------------------------------------------------
+
+
+def validate(
+    lines: list[bytes | None], *, max_requests: int = 100, max_errors: int = 100
+) -> list[tuple[int | None, str, str | None]]:
+    validator = BatchValidator(
+        endpoint=ApiEndpoint.CHAT_COMPLETIONS,
+        model="m",
+        max_requests=max_requests,
+        max_errors=max_errors,
+    )
+    for number, data in enumerate(lines, start=1):
+        validator.add(number, data, max_bytes=1000)
+        if validator.full:
+            break
+    return [(e.line, e.code, e.param) for e in validator.finish()]
+
+
+def dump(request: dict[str, Any]) -> bytes:
+    return json.dumps(request).encode() + b"\n"
+
+
+def test_a_good_file_has_no_errors_and_a_trailing_slash_names_the_same_model() -> None:
+    good = line()
+    good["body"]["model"] = "m/"
+    assert (
+        validate(
+            [dump(line()), dump({**line(), "custom_id": "b"}), dump(good | {"custom_id": "c"})]
+        )
+        == []
+    )
+
+
+def test_every_fault_is_reported_with_its_line_code_and_param() -> None:
+    lines = [
+        dump(line()),
+        b"{oops\n",
+        b"[1, 2]\n",
+        dump({k: v for k, v in line().items() if k != "body"}),
+        dump({**line(), "method": "PUT", "custom_id": "d"}),
+        dump({**line(), "url": "/v1/completions", "custom_id": "e"}),
+        dump(line()),
+        dump({**line(), "custom_id": "g", "body": {"model": "other", "messages": []}}),
+        None,
+    ]
+    assert validate(lines) == [
+        (2, "invalid_json_line", None),
+        (3, "invalid_json_line", None),
+        (4, "missing_required_parameter", "body"),
+        (5, "invalid_method", "method"),
+        (6, "url_mismatch", "url"),
+        (7, "duplicate_custom_id", "custom_id"),
+        (8, "model_mismatch", "body.model"),
+        (9, "line_too_large", None),
+    ]
+
+
+def test_an_empty_file_and_too_many_requests_are_errors_of_the_file() -> None:
+    assert validate([]) == [(None, "empty_file", None)]
+    many = [dump({**line(), "custom_id": str(i)}) for i in range(5)]
+    assert validate(many, max_requests=3) == [(None, "too_many_tasks", None)]
+
+
+def test_errors_are_kept_up_to_the_limit() -> None:
+    assert len(validate([b"x\n"] * 10, max_errors=4)) == 4

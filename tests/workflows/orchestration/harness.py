@@ -27,7 +27,7 @@ from llmbatch.contract.names import (
     redrive_shard_workflow_id,
     shard_workflow_id,
 )
-from llmbatch.contract.spec import ChatMessage, JobSpec
+from llmbatch.contract.spec import ApiBatch, ApiEndpoint, ChatMessage, InputFormat, JobSpec
 from tests.workflows.orchestration.stand_ins import GUARD_S, StandIns
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
@@ -49,7 +49,23 @@ class Run:
     task_queue: str
     stand_ins: StandIns
 
-    def spec(self, *, max_concurrent_shards: int) -> JobSpec:
+    def spec(self, *, max_concurrent_shards: int, api_window_s: int | None = None) -> JobSpec:
+        """A job's spec; with ``api_window_s``, an OpenAI Batch API batch's with that
+        completion window."""
+        if api_window_s is not None:
+            return JobSpec(
+                job_id=self.job_id,
+                inputs=["s3://stand-in/api/files/file-in"],
+                input_format=InputFormat.OPENAI,
+                model="stand-in-model",
+                max_concurrent_shards=max_concurrent_shards,
+                output_uri="s3://stand-in/api/batches",
+                api_batch=ApiBatch(
+                    project="p",
+                    endpoint=ApiEndpoint.CHAT_COMPLETIONS,
+                    completion_window_s=api_window_s,
+                ),
+            )
         return JobSpec(
             job_id=self.job_id,
             inputs=["s3://stand-in/rows.jsonl"],
@@ -59,10 +75,13 @@ class Run:
             output_uri="s3://stand-in/out",
         )
 
-    async def start_job(self, *, max_concurrent_shards: int) -> WorkflowHandle[Any, JobSummary]:
+    async def start_job(
+        self, *, max_concurrent_shards: int, api_window_s: int | None = None
+    ) -> WorkflowHandle[Any, JobSummary]:
+        spec = self.spec(max_concurrent_shards=max_concurrent_shards, api_window_s=api_window_s)
         return await self.client.start_workflow(
             BATCH_JOB_WORKFLOW,
-            BatchJobInput(spec=self.spec(max_concurrent_shards=max_concurrent_shards)),
+            BatchJobInput(spec=spec),
             id=self.job_id,
             task_queue=self.task_queue,
             result_type=JobSummary,
@@ -118,6 +137,7 @@ async def orchestrate(
     redrive_dead: Mapping[int, int] | None = None,
     failures: Iterable[tuple[str, int]] = (),
     ignore_cancel: Iterable[tuple[str, int]] = (),
+    invalid_batch: bool = False,
 ) -> AsyncIterator[Run]:
     """A CPU worker (the three workflows and every stand-in but generate) and a GPU
     worker (the generate stand-in, on the queue plan_job names) for one job."""
@@ -129,6 +149,7 @@ async def orchestrate(
         redrive_dead=redrive_dead,
         failures=failures,
         ignore_cancel=ignore_cancel,
+        invalid_batch=invalid_batch,
     )
     run = Run(client=client, job_id=name, task_queue=f"{name}-cpu", stand_ins=stand_ins)
     cpu = Worker(

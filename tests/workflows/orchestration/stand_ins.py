@@ -34,6 +34,9 @@ from llmbatch.contract.dead_letters import (
     ShardDeadLetters,
 )
 from llmbatch.contract.messages import (
+    ApiBatchEndInput,
+    ApiBatchFiles,
+    ApiBatchStatusInput,
     FetchResult,
     FinalizeInput,
     GenerateResult,
@@ -55,18 +58,20 @@ from llmbatch.contract.names import (
     FAIL_SHARD,
     FETCH_SHARD,
     FINALIZE_JOB,
+    FINISH_API_BATCH,
     GENERATE,
     PLAN_JOB,
     RECORD_JOB_END,
     RENDER_PROMPTS,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
+    SET_API_BATCH_STATUS,
     SET_JOB_PAUSED,
     WRITE_SHARD,
     dead_letter_workflow_id,
 )
 from llmbatch.contract.spec import InputFormat, JobSpec
-from llmbatch.contract.states import ErrorClass
+from llmbatch.contract.states import ErrorClass, FailureType
 
 # Tokens each succeeded item costs, so a job's token count is known in advance.
 PROMPT_TOKENS_PER_ITEM = 10
@@ -79,6 +84,8 @@ FAILURE_MESSAGE = "the object store is gone"
 # A stand-in waiting at a gate heartbeats this often (the test workers flush
 # heartbeats at once), so a cancel reaches it within a fraction of a second.
 HEARTBEAT_EVERY = timedelta(milliseconds=50)
+# How the plan_job stand-in refuses an API batch whose file "fails validation".
+INVALID_BATCH_MESSAGE = "the batch input file is invalid: line 2: invalid_json_line"
 # Only a guard against a hang: conditions are waited for, never timed.
 GUARD_S = 60.0
 
@@ -144,7 +151,8 @@ class StandIns:
     ``redrive_dead`` how many of its requeued items die again in a re-drive;
     ``failures`` lists (step, shard) pairs whose stand-in raises a non-retryable
     error; ``ignore_cancel`` lists (step, shard) pairs whose stand-in, cancelled while
-    it waits at its gate, returns normally anyway.
+    it waits at its gate, returns normally anyway; ``invalid_batch`` makes plan_job
+    refuse an API batch as its validation would.
     """
 
     def __init__(
@@ -156,8 +164,10 @@ class StandIns:
         redrive_dead: Mapping[int, int] | None = None,
         failures: Iterable[tuple[str, int]] = (),
         ignore_cancel: Iterable[tuple[str, int]] = (),
+        invalid_batch: bool = False,
     ) -> None:
         self.shards = shards
+        self.invalid_batch = invalid_batch
         self.gpu_task_queue = gpu_task_queue
         self.dead = dict(dead or {})
         self.redrive_dead = dict(redrive_dead or {})
@@ -231,6 +241,8 @@ class StandIns:
             self.fail_shard,
             self.report_dead_letters,
             self.requeue_dead_letters,
+            self.set_api_batch_status,
+            self.finish_api_batch,
         ]
 
     # --- the stand-ins ---------------------------------------------------------------------
@@ -238,6 +250,10 @@ class StandIns:
     @activity.defn(name=PLAN_JOB)
     async def plan_job(self, spec: JobSpec) -> PlanResult:
         await self._step(PLAN_JOB, None)
+        if self.invalid_batch and spec.api_batch is not None:
+            raise ApplicationError(
+                INVALID_BATCH_MESSAGE, type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            )
         return PlanResult(
             layout=JobLayout(
                 job_id=spec.job_id,
@@ -309,6 +325,26 @@ class StandIns:
         """Records the end state it was given (``detail``), as the real one does in the
         jobs row."""
         await self._step(RECORD_JOB_END, None, detail=input.state)
+
+    @activity.defn(name=SET_API_BATCH_STATUS)
+    async def set_api_batch_status(self, input: ApiBatchStatusInput) -> bool:
+        """Records the status it was given (``detail``)."""
+        await self._step(SET_API_BATCH_STATUS, None, detail=input.status)
+        return True
+
+    @activity.defn(name=FINISH_API_BATCH)
+    async def finish_api_batch(self, input: ApiBatchEndInput) -> ApiBatchFiles:
+        """Records how the batch ends (``detail``); as the real one, every request not
+        succeeded is in the error file."""
+        await self._step(FINISH_API_BATCH, None, detail=input.status)
+        succeeded = sum(b.succeeded for b in self.books.values())
+        return ApiBatchFiles(
+            output_file_id="file-out" if succeeded else None,
+            error_file_id="file-err" if succeeded < self.items_total else None,
+            succeeded=succeeded,
+            failed=self.items_total - succeeded,
+            tokens=tokens_for(succeeded),
+        )
 
     @activity.defn(name=SET_JOB_PAUSED)
     async def set_job_paused(self, input: JobPausedInput) -> bool:

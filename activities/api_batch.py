@@ -1,0 +1,230 @@
+"""set_api_batch_status and finish_api_batch: an OpenAI Batch API batch's status, and
+its end as one output file and one error file registered as API files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from temporalio import activity
+
+from activities.context import ActivityContext
+from llmbatch import formats, ledger, openai_batch
+from llmbatch.api import layout
+from llmbatch.api import records as api_records
+from llmbatch.contract.messages import (
+    ApiBatchEndInput,
+    ApiBatchFiles,
+    ApiBatchStatusInput,
+    TokenCounts,
+)
+from llmbatch.contract.names import FINISH_API_BATCH, SET_API_BATCH_STATUS
+from llmbatch.contract.spec import ApiEndpoint, JobSpec
+from llmbatch.contract.states import BatchStatus, ErrorClass, ItemStatus
+
+# Custom ids looked up in the ledger per query while the files are assembled: memory
+# stays bounded by this, whatever the batch's size.
+LOOKUP_BATCH = 1000
+
+# How a request that never ran is written to the error file, by how the batch ended.
+_UNFINISHED: dict[BatchStatus, tuple[ErrorClass, str, str]] = {
+    BatchStatus.EXPIRED: (
+        ErrorClass.BATCH_EXPIRED,
+        openai_batch.BATCH_EXPIRED,
+        openai_batch.BATCH_EXPIRED_MESSAGE,
+    ),
+    BatchStatus.CANCELLED: (
+        ErrorClass.BATCH_CANCELLED,
+        openai_batch.BATCH_CANCELLED,
+        openai_batch.BATCH_CANCELLED_MESSAGE,
+    ),
+}
+_CODES = {error_class: (code, message) for error_class, code, message in _UNFINISHED.values()}
+
+
+class ApiBatchActivities:
+    def __init__(self, ctx: ActivityContext) -> None:
+        self._ctx = ctx
+
+    @activity.defn(name=SET_API_BATCH_STATUS)
+    async def set_api_batch_status(self, input: ApiBatchStatusInput) -> bool:
+        """Move the batch to ``input.status`` (fenced: a final status stays)."""
+        return await api_records.set_batch_status(
+            self._ctx.pool, batch_id=input.batch_id, status=input.status
+        )
+
+    @activity.defn(name=FINISH_API_BATCH)
+    async def finish_api_batch(self, input: ApiBatchEndInput) -> ApiBatchFiles:
+        """End the batch: requests not finished stop for good (dead, as expired or
+        cancelled, so a late result cannot land after the files are made), the output
+        and error files are assembled in input order and registered, and the batch
+        takes its final status.
+
+        The files are built by streaming the input file (every custom_id, in order)
+        against the ledger, a thousand ids at a time, into local temporary files that
+        are then uploaded (multipart when large): never whole in memory.
+        """
+        spec, pool = input.spec, self._ctx.pool
+        batch = spec.api_batch
+        assert batch is not None  # the workflow calls this for API batches only
+        job_id = spec.job_id
+        if await api_records.batch_status(pool, batch_id=job_id) in api_records.FINAL_STATUSES:
+            return await self._counts(job_id)  # a retry of a call that got through
+        unfinished = _UNFINISHED.get(input.status)
+        if unfinished is not None:
+            error_class, _, message = unfinished
+            for shard in await ledger.planned_shards(pool, job_id=job_id):
+                # Also stands in for the rows of shards that never started, so the
+                # job's counts hold every request.
+                await ledger.dead_letter_shard(
+                    pool, job_id=job_id, shard=shard, error_class=error_class, error_message=message
+                )
+                activity.heartbeat(shard)
+        with (
+            tempfile.NamedTemporaryFile(prefix="llm-batch-output-", suffix=".jsonl") as out,
+            tempfile.NamedTemporaryFile(prefix="llm-batch-error-", suffix=".jsonl") as err,
+        ):
+            files = await self._assemble(input, out, err)
+            bucket = self._ctx.settings.s3_bucket
+            output_file = await self._upload(bucket, out) if files.succeeded else None
+            error_file = await self._upload(bucket, err) if files.failed else None
+        async with pool.acquire() as conn, conn.transaction():
+            for kind, uploaded in (("output", output_file), ("error", error_file)):
+                if uploaded is not None:
+                    file_id, uri, size = uploaded
+                    await api_records.register_output_file(
+                        conn,
+                        file_id=file_id,
+                        project=batch.project,
+                        filename=f"{job_id}_{kind}.jsonl",
+                        size=size,
+                        object_uri=uri,
+                    )
+            files.output_file_id = output_file[0] if output_file else None
+            files.error_file_id = error_file[0] if error_file else None
+            await api_records.attach_files(
+                conn,
+                batch_id=job_id,
+                output_file_id=files.output_file_id,
+                error_file_id=files.error_file_id,
+            )
+            await api_records.set_batch_status(conn, batch_id=job_id, status=input.status)
+        return files
+
+    async def _assemble(
+        self, input: ApiBatchEndInput, out: IO[bytes], err: IO[bytes]
+    ) -> ApiBatchFiles:
+        """Write one line per request to ``out`` (succeeded) or ``err`` (the rest), in
+        the input's order."""
+        spec = input.spec
+        files = ApiBatchFiles()
+        ids = _custom_ids(self._ctx, spec)
+        try:
+            while True:
+                chunk = await asyncio.to_thread(_take, ids, LOOKUP_BATCH)
+                if not chunk:
+                    break
+                rows = await ledger.items_by_id(self._ctx.pool, job_id=spec.job_id, item_ids=chunk)
+                lines_out: list[dict[str, Any]] = []
+                lines_err: list[dict[str, Any]] = []
+                for custom_id in chunk:
+                    line, ok = _line(spec, input.status, custom_id, rows.get(custom_id))
+                    (lines_out if ok else lines_err).append(line)
+                    if ok:
+                        row = rows[custom_id]
+                        files.tokens = files.tokens + TokenCounts(
+                            prompt=row.prompt_tokens or 0, completion=row.completion_tokens or 0
+                        )
+                files.succeeded += len(lines_out)
+                files.failed += len(lines_err)
+                await asyncio.to_thread(_write_lines, out, lines_out)
+                await asyncio.to_thread(_write_lines, err, lines_err)
+                activity.heartbeat(files.succeeded + files.failed)
+        finally:
+            ids.close()
+        return files
+
+    async def _upload(self, bucket: str, f: IO[bytes]) -> tuple[str, str, int]:
+        """Store a finished file as a new API file: (file id, object URI, bytes)."""
+        f.flush()
+        file_id = layout.new_file_id()
+        uri = layout.file_uri(bucket, file_id)
+        store = self._ctx.store(uri)
+        await asyncio.to_thread(store.put_file, uri, Path(f.name))
+        return file_id, uri, f.tell()
+
+    async def _counts(self, job_id: str) -> ApiBatchFiles:
+        counts = await ledger.job_counts(self._ctx.pool, job_id=job_id)
+        return ApiBatchFiles(
+            succeeded=counts.succeeded,
+            failed=counts.total - counts.succeeded,
+            tokens=counts.tokens,
+        )
+
+
+def _custom_ids(ctx: ActivityContext, spec: JobSpec) -> Generator[str, None, None]:
+    """Every custom_id of the batch's input, in order (the input passed validation)."""
+    for uri in spec.inputs:
+        for obj in ctx.store(uri).list(uri):
+            lines = formats.iter_lines(ctx.store(obj.uri), obj.uri, max_bytes=spec.max_row_bytes)
+            with contextlib.closing(lines):
+                for _, data in lines:
+                    if data is None:
+                        raise ValueError(f"{obj.uri}: a line is longer than the validated limit")
+                    yield str(json.loads(data)["custom_id"])
+
+
+def _take(ids: Iterator[str], n: int) -> list[str]:
+    chunk: list[str] = []
+    for custom_id in ids:
+        chunk.append(custom_id)
+        if len(chunk) == n:
+            break
+    return chunk
+
+
+def _write_lines(f: IO[bytes], lines: list[dict[str, Any]]) -> None:
+    f.writelines(json.dumps(line, ensure_ascii=False).encode() + b"\n" for line in lines)
+
+
+def _line(
+    spec: JobSpec, ending: BatchStatus, custom_id: str, row: ledger.LedgerRow | None
+) -> tuple[dict[str, Any], bool]:
+    """The output line (True) or error line (False) of one request."""
+    assert spec.api_batch is not None
+    if row is not None and row.status is ItemStatus.SUCCEEDED:
+        result = row.result or {}
+        line = openai_batch.output_line(
+            job_id=spec.job_id,
+            custom_id=custom_id,
+            model=spec.model,
+            text=result.get("text") or "",
+            finish_reason=result.get("finish_reason"),
+            prompt_tokens=row.prompt_tokens or 0,
+            completion_tokens=row.completion_tokens or 0,
+            created=int(row.finished_at.timestamp()) if row.finished_at else 0,
+            endpoint=ApiEndpoint(spec.api_batch.endpoint),
+        )
+        return line, True
+    if row is not None and row.status is ItemStatus.DEAD:
+        if row.error_class in _CODES:
+            code, message = _CODES[row.error_class]
+        else:
+            code = str(row.error_class or "error")
+            message = (
+                f"{row.error_message} ({row.source})" if row.source else str(row.error_message)
+            )
+        return openai_batch.error_line(
+            job_id=spec.job_id, custom_id=custom_id, code=code, message=message
+        ), False
+    # Never registered (its shard never read it) or, rarely, registered after the
+    # batch's unfinished requests were stopped: it did not run.
+    _, code, message = _UNFINISHED.get(ending, _UNFINISHED[BatchStatus.CANCELLED])
+    return openai_batch.error_line(
+        job_id=spec.job_id, custom_id=custom_id, code=code, message=message
+    ), False
