@@ -195,9 +195,7 @@ def main() -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         n = args.requests
         src = work / "batch.jsonl"
-        src.write_bytes(
-            batch_lines(n, repeat=args.repeat, model=model, max_tokens=args.max_tokens)
-        )
+        src.write_bytes(batch_lines(n, repeat=args.repeat, model=model, max_tokens=args.max_tokens))
         data_uri = f"s3://{settings.s3_bucket}/bench/batch-{n}.jsonl"
         storage.open_store(data_uri, settings).put_file(data_uri, src)
 
