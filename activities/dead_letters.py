@@ -27,6 +27,7 @@ from llmbatch.contract.names import (
     REQUEUE_DEAD_LETTERS,
     dead_letter_workflow_id,
 )
+from llmbatch.contract.priority import task_priority
 from llmbatch.contract.states import ItemStatus
 
 # A report lists at most this many of a shard's dead items (all are counted): the
@@ -82,6 +83,8 @@ class DeadLetterActivities:
             start_signal=DEAD_LETTERS_SIGNAL,
             start_signal_args=[report],
             static_summary=f"dead letters of {job_id}",
+            # Its re-drives run the job's shards: at the job's priority, as its tenant.
+            priority=task_priority(input.spec),
         )
         return len(letters)
 

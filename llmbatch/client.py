@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -24,6 +25,7 @@ from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import BatchJobInput, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
+from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import JobSpec
 from llmbatch.security.codec import EncryptionCodec, Keyring, KeyringError, load_keyring
 from llmbatch.security.connection import (
@@ -123,13 +125,10 @@ async def start_job(
             result_type=JobSummary,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=TypedSearchAttributes(
-                [
-                    SearchAttributePair(sa.JOB_ID, spec.job_id),
-                    SearchAttributePair(sa.MODEL, spec.model),
-                ]
-            ),
+            search_attributes=job_search_attributes(spec),
             static_summary=f"{spec.job_id}: {spec.model} over {', '.join(spec.inputs)[:200]}",
+            # The job's own workflow tasks; its shards and steps are given it too.
+            priority=task_priority(spec),
         )
     except WorkflowAlreadyStartedError:
         return client.get_workflow_handle(spec.job_id, result_type=JobSummary), False
@@ -139,16 +138,34 @@ async def start_job(
     return handle, bool(getattr(response, "started", True))
 
 
+def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
+    """What a job is found by in the Web UI from its start: its id and model, and its
+    priority and tenant when the spec sets them."""
+    pairs: list[SearchAttributePair[Any]] = [SearchAttributePair(sa.MODEL, spec.model)]
+    if spec.job_id:  # a Schedule's spec has none: each run takes its workflow id
+        pairs.insert(0, SearchAttributePair(sa.JOB_ID, spec.job_id))
+    if spec.priority is not None:
+        pairs.append(SearchAttributePair(sa.JOB_PRIORITY, str(spec.priority)))
+    if spec.tenant is not None:
+        pairs.append(SearchAttributePair(sa.TENANT, spec.tenant))
+    return TypedSearchAttributes(pairs)
+
+
 async def model_has_worker(client: Client, settings: Settings, model: str) -> bool:
     """Whether a GPU worker polls ``model``'s queue (Temporal's DescribeTaskQueue).
 
     Temporal lists a poller for a few minutes after its last poll, so a worker that
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
     """
+    return await queue_has_pollers(client, settings.gpu_task_queue(model))
+
+
+async def queue_has_pollers(client: Client, task_queue: str) -> bool:
+    """Whether a worker polls ``task_queue`` for activities (see :func:`model_has_worker`)."""
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
-            task_queue=TaskQueue(name=settings.gpu_task_queue(model)),
+            task_queue=TaskQueue(name=task_queue),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
         )
     )

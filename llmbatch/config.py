@@ -156,6 +156,39 @@ class Settings(BaseSettings):
     api_max_requests_per_batch: int = Field(
         default=50_000, ge=1, description="Most requests one batch file may hold (OpenAI's)."
     )
+    api_port: int = Field(
+        default=8000,
+        description="Port of `llm-batch serve` (its --port), and the one `dev up` and the "
+        "demo name in the API's base URL.",
+    )
+    api_max_file_bytes: int = Field(
+        default=200 << 20,
+        gt=0,
+        description="Largest file `POST /v1/files` accepts (OpenAI's batch input limit, 200 MB).",
+    )
+    api_max_batches_in_progress: int = Field(
+        default=100,
+        gt=0,
+        description="Batches of one project that may be unfinished at once; one more answers 429.",
+    )
+    api_shard_size: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Requests per shard of an API batch (a job's shard_size).",
+    )
+    api_max_concurrent_shards: int = Field(
+        default=4,
+        ge=1,
+        le=500,
+        description="Shards of one API batch that run at once (a job's max_concurrent_shards).",
+    )
+    api_upload_part_bytes: int = Field(
+        default=8 << 20,
+        ge=5 << 20,
+        description="An upload streams to the object store in parts of this size (S3's "
+        "smallest is 5 MiB); the server holds about one part per upload in memory.",
+    )
 
     @property
     def render_limits(self) -> RenderLimits:

@@ -31,13 +31,13 @@ from temporalio.client import (
     ScheduleSpec,
     ScheduleState,
 )
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from llmbatch.client import job_search_attributes
 from llmbatch.config import Settings
-from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import BatchJobInput
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
+from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import JobSpec
 
 # A run's job id is "<name>-<20-character time>" and must fit the 128 characters
@@ -136,8 +136,9 @@ async def create_schedule(
         # Temporal appends "-<scheduled time>" to this for each run.
         id=name,
         task_queue=settings.cpu_task_queue,
-        typed_search_attributes=TypedSearchAttributes([SearchAttributePair(sa.MODEL, spec.model)]),
+        typed_search_attributes=job_search_attributes(spec),
         static_summary=f"schedule {name}: {spec.model} over {', '.join(spec.inputs)[:200]}",
+        priority=task_priority(spec),
     )
     schedule = Schedule(
         action=action,

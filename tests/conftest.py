@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures.model",
     "tests.fixtures.workers",
     "tests.fixtures.tls",
+    "tests.fixtures.api_server",
 ]

@@ -304,6 +304,7 @@ def check_host_ports(compose: Compose) -> list[str]:
         "temporal": (defaults.temporal_port, None),
         "temporal-ui": (defaults.temporal_ui_port, env(svc["temporal-ui"]).get("TEMPORAL_UI_PORT")),
         "s3": (urlsplit(s3_endpoint).port, None),
+        "api": (defaults.api_port, _option(command(svc["api"]), "--port")),
     }
     for name, (host_port, container_port) in expected.items():
         ports = published(svc[name])
@@ -312,6 +313,11 @@ def check_host_ports(compose: Compose) -> list[str]:
         if container_port and int(container_port) not in [p[2] for p in ports]:
             problems.append(f"{name}: serves on {container_port}, not on the published port")
     return problems
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value after ``name`` in a command (``--port 8000``)."""
+    return argv[argv.index(name) + 1] if name in argv[:-1] else None
 
 
 def check_wiring(compose: Compose) -> list[str]:
@@ -510,6 +516,16 @@ MISTAKES: list[tuple[Check, Callable[[Compose], None], str]] = [
         check_host_ports,
         _set("services/temporal-ui/ports", ["127.0.0.1:8080:8080"]),
         "not published on 8233",
+    ),
+    (
+        check_host_ports,
+        _set("services/api/ports", ["127.0.0.1:8001:8000"]),
+        "not published on 8000",
+    ),
+    (
+        check_host_ports,
+        _set("services/api/command", ["llm-batch", "serve", "--port", "9000"]),
+        "serves on 9000",
     ),
     (check_wiring, _set("services/gpu-worker/deploy", {}), "no NVIDIA GPU"),
     (check_wiring, _set("services/temporal/image", "temporalio/server:1.30.0"), "differ"),

@@ -22,7 +22,9 @@ from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
+from llmbatch.contract.names import GENERATE
 from llmbatch.engine import Engine, EngineOptions
+from llmbatch.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 
@@ -82,7 +84,7 @@ async def gpu_worker(
             max_in_flight=max_in_flight,
             on_engine_dead=on_engine_dead,
         )
-        async with worker:
+        async with worker, _advertised(pool, worker, settings, model):
             yield worker
     finally:
         await pool.close()
@@ -119,14 +121,15 @@ async def run_gpu_worker(
                 max_in_flight=max_in_flight,
                 on_engine_dead=engine_died,
             )
-            await serve(
-                worker,
-                name=name,
-                ready=f"{name} for {options.model} polling "
-                f"{settings.gpu_task_queue(options.model)} on "
-                f"{client.service_client.config.target_host}",
-                also=dead,
-            )
+            async with _advertised(pool, worker, settings, options.model):
+                await serve(
+                    worker,
+                    name=name,
+                    ready=f"{name} for {options.model} polling "
+                    f"{settings.gpu_task_queue(options.model)} on "
+                    f"{client.service_client.config.target_host}",
+                    also=dead,
+                )
         finally:
             await pool.close()
     except CONNECTION_ERRORS as exc:
@@ -134,6 +137,19 @@ async def run_gpu_worker(
     finally:
         engine.shutdown()
     return 1 if dead.is_set() else 0
+
+
+def _advertised(
+    pool: ledger.Database, worker: Worker, settings: Settings, model: str
+) -> contextlib.AbstractAsyncContextManager[None]:
+    # So `GET /v1/models` can name the model behind this worker's hashed queue.
+    return advertised(
+        pool,
+        task_queue=settings.gpu_task_queue(model),
+        model=model,
+        task=GENERATE,
+        identity=worker.client.identity,
+    )
 
 
 def main(settings: Settings, options: EngineOptions, **kwargs: int | None) -> None:

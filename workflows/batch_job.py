@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import (
     ApplicationError,
     FailureError,
@@ -51,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         dead_letter_workflow_id,
         shard_workflow_id,
     )
+    from llmbatch.contract.priority import describe as describe_priority
     from llmbatch.contract.progress import format_duration
     from llmbatch.contract.spec import JOB_ID_PATTERN, JobSpec
     from llmbatch.contract.states import BatchStatus, FailureType, JobState
@@ -80,7 +82,12 @@ class BatchJobWorkflow:
         self._spec = _with_job_id(job.spec)
         self._state = job.state
         if self._state.progress is None:
-            self._state.progress = JobProgress(job_id=self._spec.job_id, model=self._spec.model)
+            self._state.progress = JobProgress(
+                job_id=self._spec.job_id,
+                model=self._spec.model,
+                priority=self._spec.priority,
+                tenant=self._spec.tenant,
+            )
         self._finishing = False
         # An OpenAI Batch API batch's completion window: set when its timer fires.
         self._expired = False
@@ -244,7 +251,7 @@ class BatchJobWorkflow:
                 JobEndInput(
                     job_id=self._spec.job_id, state=state, items_total=self._progress.items_total
                 ),
-                **options.ledger_step(summary=f"record the job {state}"),
+                **options.ledger_step(summary=f"record the job {state}", spec=self._spec),
             )
         except FailureError as err:  # the job's own end must not be hidden by this one
             workflow.logger.warning("job %s: end state not recorded: %s", self._spec.job_id, err)
@@ -410,6 +417,7 @@ class BatchJobWorkflow:
                 id=shard_workflow_id(self._spec.job_id, shard),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 static_summary=f"{self._spec.job_id} shard {shard} of {plan.shard_count}",
+                priority=options.child_priority(self._spec),
             )
         except WorkflowAlreadyStartedError:
             pass  # still running from before a continue-as-new: its signal will come
@@ -464,7 +472,7 @@ class BatchJobWorkflow:
             SET_JOB_PAUSED,
             JobPausedInput(job_id=self._progress.job_id, paused=paused),
             result_type=bool,
-            **options.control_step(summary="pause" if paused else "resume"),
+            **options.control_step(summary="pause" if paused else "resume", spec=self._spec),
         )
 
     async def _end_pause(self) -> None:
@@ -482,11 +490,21 @@ class BatchJobWorkflow:
     # --- what the Web UI shows ------------------------------------------------------------
 
     def _name_for_web_ui(self) -> None:
-        if workflow.info().typed_search_attributes.get(sa.JOB_ID) is None:
+        attributes = workflow.info().typed_search_attributes
+        if attributes.get(sa.JOB_ID) is None:
             # Started by a Schedule or another language's client: name it for the Web UI.
             workflow.upsert_search_attributes(
                 [sa.JOB_ID.value_set(self._spec.job_id), sa.MODEL.value_set(self._spec.model)]
             )
+        # Only for specs that set them, so a job without them (every job from before
+        # they existed) replays with the same commands.
+        missing: list[SearchAttributeUpdate[Any]] = []
+        if self._spec.priority is not None and attributes.get(sa.JOB_PRIORITY) is None:
+            missing.append(sa.JOB_PRIORITY.value_set(str(self._spec.priority)))
+        if self._spec.tenant is not None and attributes.get(sa.TENANT) is None:
+            missing.append(sa.TENANT.value_set(self._spec.tenant))
+        if missing:
+            workflow.upsert_search_attributes(missing)
 
     def _publish(self) -> None:
         """Coarse progress for the Web UI: search attributes to filter and sort jobs by,
@@ -503,10 +521,15 @@ class BatchJobWorkflow:
             f"**{p.state}**: shards {p.shards_done}/{p.shards_total} done, "
             f"running {len(p.shards_running)}; items {p.items_done}/{p.items_total} done "
             f"({p.items_dead} dead); tokens {p.tokens.prompt} prompt, "
-            f"{p.tokens.completion} completion{self._pace()}"
+            f"{p.tokens.completion} completion{self._pace()}{self._place()}"
             # Where results came from, GPU time and cost (shards that finished so far).
             + (f"; {p.usage.describe()}" if p.usage.generated or p.usage.reused else "")
         )
+
+    def _place(self) -> str:
+        """The job's priority and tenant, when its spec sets them."""
+        place = describe_priority(self._spec)
+        return f"; {place}" if place else ""
 
     def _pace(self) -> str:
         """Throughput since the job started and, while it runs, the time left at that

@@ -164,7 +164,9 @@ class DeadLetterWorkflow:
                 error_classes=request.error_classes,
             ),
             result_type=RequeueResult,
-            **options.ledger_step(summary=f"re-drive {number}: requeue dead items"),
+            **options.ledger_step(
+                summary=f"re-drive {number}: requeue dead items", spec=input.spec
+            ),
         )
         summaries: list[ShardSummary] = []
         window = input.spec.max_concurrent_shards
@@ -187,7 +189,7 @@ class DeadLetterWorkflow:
                 summary=job.model_copy(update={"failed_shards": sorted(failed)}),
             ),
             result_type=JobSummary,
-            **options.ledger_step(summary=f"re-drive {number}: rewrite manifest"),
+            **options.ledger_step(summary=f"re-drive {number}: rewrite manifest", spec=input.spec),
         )
         result = RedriveResult(
             redrive=number,
@@ -216,6 +218,7 @@ class DeadLetterWorkflow:
             id=redrive_shard_workflow_id(input.job_id, number, shard),
             result_type=ShardSummary,
             static_summary=f"{input.job_id} re-drive {number}, shard {shard}",
+            priority=options.child_priority(input.spec),
         )
         return summary
 

@@ -5,7 +5,9 @@ spread into ``workflow.execute_activity(...)``. Timeouts are long enough for the
 largest shard; heartbeat timeouts are short, so a dead worker's step moves to
 another worker within seconds. The workers heartbeat at a fraction of the
 heartbeat timeout the activity was started with (``activity.info()``), so the two
-cannot drift apart (``activities/heartbeat.py``).
+cannot drift apart (``activities/heartbeat.py``). Every step carries its job's
+task-queue priority and tenant (``llmbatch.contract.priority``), given explicitly
+rather than inherited, so they hold whoever started the workflow.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from llmbatch.contract.priority import task_priority
     from llmbatch.contract.spec import JobSpec
     from llmbatch.contract.states import FailureType
 
@@ -56,6 +59,7 @@ def plan_step(spec: JobSpec) -> workflow.ActivityConfig:
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
         retry_policy=step_retry(spec),
         summary="list inputs and plan shards",
+        priority=task_priority(spec),
     )
 
 
@@ -66,6 +70,7 @@ def cpu_step(spec: JobSpec, *, summary: str) -> workflow.ActivityConfig:
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
         retry_policy=step_retry(spec),
         summary=summary,
+        priority=task_priority(spec),
     )
 
 
@@ -88,24 +93,41 @@ def generate_step(
         # Cancel must reach the engine and abort its requests before we go on.
         cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         summary=summary,
+        # The GPU queue is where jobs compete: this is what puts a priority-1 job's
+        # shard ahead of a backlog of priority-5 ones, and shares it between tenants.
+        priority=task_priority(spec),
     )
 
 
-def ledger_step(*, summary: str) -> workflow.ActivityConfig:
-    """A Postgres-only step that must happen, however long the database is away."""
+def ledger_step(*, summary: str, spec: JobSpec | None = None) -> workflow.ActivityConfig:
+    """A Postgres-only step that must happen, however long the database is away.
+    With ``spec``, it carries the job's priority (else it inherits its workflow's)."""
     return workflow.ActivityConfig(
         start_to_close_timeout=CPU_STEP_TIMEOUT,
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
         retry_policy=LEDGER_RETRY,
         summary=summary,
+        priority=_priority_of(spec),
     )
 
 
-def control_step(*, summary: str) -> workflow.ActivityConfig:
-    """Pause and resume: quick, and given up on if the ledger stays away."""
+def control_step(*, summary: str, spec: JobSpec | None = None) -> workflow.ActivityConfig:
+    """Pause and resume: quick, and given up on if the ledger stays away. With
+    ``spec``, it carries the job's priority (else it inherits its workflow's)."""
     return workflow.ActivityConfig(
         start_to_close_timeout=timedelta(seconds=30),
         schedule_to_close_timeout=CONTROL_TIMEOUT,
         retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
         summary=summary,
+        priority=_priority_of(spec),
     )
+
+
+def child_priority(spec: JobSpec) -> Priority:
+    """The priority a job's shard workflows (and re-driven shards) start with: the
+    job's own, so their workflow tasks and their steps' defaults follow it."""
+    return task_priority(spec)
+
+
+def _priority_of(spec: JobSpec | None) -> Priority:
+    return Priority.default if spec is None else task_priority(spec)

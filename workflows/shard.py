@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         SHARD_WORKFLOW,
         WRITE_SHARD,
     )
+    from llmbatch.contract.priority import describe as describe_priority
     from llmbatch.contract.progress import format_duration
     from llmbatch.contract.states import ErrorClass, FailureType
 
@@ -62,7 +63,9 @@ class ShardWorkflow:
             await workflow.execute_activity(
                 REPORT_DEAD_LETTERS,
                 input,
-                **options.ledger_step(summary=f"shard {input.shard}: report {summary.dead} dead"),
+                **options.ledger_step(
+                    summary=f"shard {input.shard}: report {summary.dead} dead", spec=input.spec
+                ),
             )
         await _tell_parent(input, summary)
         return summary
@@ -88,10 +91,12 @@ class ShardWorkflow:
             # The shard page's details line: while this step waits, it is waiting for
             # a worker serving the model (the pending activity shows whether one took it).
             limit = input.generate_schedule_to_start
+            place = describe_priority(spec)
             workflow.set_current_details(
                 f"generate {rendered.to_generate} items: needs a worker serving {spec.model} "
                 f"on task queue {input.gpu_task_queue}"
                 + (f" (gives up after {format_duration(limit.total_seconds())})" if limit else "")
+                + (f", waiting there at {place}" if place else "")
             )
             await workflow.execute_activity(
                 GENERATE,
@@ -132,7 +137,9 @@ class ShardWorkflow:
                 message=f"shard {input.shard} failed in {err.activity_type}: {reason}",
             ),
             result_type=ShardCounts,
-            **options.ledger_step(summary=f"shard {input.shard}: dead-letter unfinished items"),
+            **options.ledger_step(
+                summary=f"shard {input.shard}: dead-letter unfinished items", spec=input.spec
+            ),
         )
         try:
             summary = await self._write(input)

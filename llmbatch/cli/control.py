@@ -24,6 +24,7 @@ from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import JobControlState, JobProgress
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW, PAUSE_UPDATE, PROGRESS_QUERY, RESUME_UPDATE
+from llmbatch.contract.priority import DEFAULT_PRIORITY
 from llmbatch.contract.progress import format_duration
 
 CANCEL_WAIT_S = 60.0
@@ -104,7 +105,7 @@ async def _list(settings: Settings, *, limit: int, as_json: bool) -> None:
         out.print(f"no jobs in namespace {settings.temporal_namespace}")
         return
     table = Table(box=None, pad_edge=False)
-    for column in ("job", "state", "progress", "dead", "model", "age"):
+    for column in ("job", "state", "progress", "dead", "model", "pri", "tenant", "age"):
         table.add_column(column, no_wrap=column == "job")
     for row in rows:
         done, total = row["items_done"], row["items_total"]
@@ -115,6 +116,8 @@ async def _list(settings: Settings, *, limit: int, as_json: bool) -> None:
             f"{done}/{total}{share}",
             str(row["items_dead"]),
             row["model"] or "",
+            str(row["priority"] or DEFAULT_PRIORITY),
+            row["tenant"] or "",
             format_duration(row["age_s"]),
         )
     out.print(table)
@@ -133,6 +136,9 @@ async def _job_row(client: Client, execution: WorkflowExecution) -> dict[str, An
         "items_total": attrs.get(sa.ITEMS_TOTAL) or 0,
         "items_done": attrs.get(sa.ITEMS_DONE) or 0,
         "items_dead": attrs.get(sa.ITEMS_DEAD) or 0,
+        # None: the job runs at Temporal's default priority, without a tenant.
+        "priority": _int_or_none(attrs.get(sa.JOB_PRIORITY)),
+        "tenant": attrs.get(sa.TENANT),
         "started_at": execution.start_time.isoformat() if execution.start_time else None,
         "closed_at": execution.close_time.isoformat() if execution.close_time else None,
         "age_s": None,
@@ -153,6 +159,8 @@ async def _job_row(client: Client, execution: WorkflowExecution) -> dict[str, An
                 items_done=live.items_done,
                 items_dead=live.items_dead,
                 model=live.model or row["model"],
+                priority=live.priority or row["priority"],
+                tenant=live.tenant or row["tenant"],
             )
             if live.started_at:  # the job's own start, across continue-as-new
                 started = datetime.fromisoformat(live.started_at)
@@ -169,6 +177,10 @@ async def _query_quietly(handle: WorkflowHandle[Any, Any]) -> JobProgress | None
         )
     except Exception:  # no worker, or the run just ended: visibility's counts will do
         return None
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _status_name(status: WorkflowExecutionStatus | None) -> str:

@@ -29,13 +29,16 @@ def demo(
 ) -> None:
     """Start the embedded stack and workers, classify a customers CSV, print the results."""
     from llmbatch.devstack import DevStack, DevStackError
+    from llmbatch.devstack.api import DevApi
 
     settings = Settings()
     try:
         status = DevStack(settings).up()
+        api = DevApi(settings).up()
     except DevStackError as exc:
         raise fail(str(exc)) from None
     out.print(status.describe(), markup=False, highlight=False)
+    out.print(api.describe(), markup=False, highlight=False)
     if model is None:
         from llmbatch.tiny_model import build_tiny_model
 
@@ -45,6 +48,10 @@ def demo(
         asyncio.run(_run_demo(settings, model, rows=rows, shard_size=shard_size))
     except Exception as exc:  # one line, and where to look
         raise fail(f"demo failed: {exc} (worker logs in {settings.state_dir / 'logs'})") from None
+    out.print(
+        f"The OpenAI Batch API answers at {api.base_url} (key in {api.key_file}): point "
+        "an OpenAI client's base_url at it (README: OpenAI Batch API)."
+    )
     out.print("The stack is still up for you to look around; stop it with: llm-batch dev down")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -35,20 +36,24 @@ def up(
         ),
     ] = False,
 ) -> None:
-    """Start Temporal (with Web UI), Postgres and S3 on 127.0.0.1; a no-op if running."""
+    """Start Temporal (with Web UI), Postgres, S3 and the OpenAI Batch API server on
+    127.0.0.1 (with a local API key); a no-op if running."""
     from llmbatch.devstack import DevStackError
+    from llmbatch.devstack.api import DevApi
 
     try:
         stack = _stack()
         if encrypt:
             stack.enable_encryption()
         status = stack.up()
+        api = DevApi(Settings()).up()
     except DevStackError as exc:
         raise fail(str(exc)) from None
     if as_json:
-        typer.echo(status.model_dump_json(indent=2))
+        typer.echo(json.dumps({**status.model_dump(), "api": api.model_dump()}, indent=2))
         return
     typer.echo(status.describe())
+    typer.echo(api.describe())
     if status.started:
         typer.echo(f"started: {', '.join(status.started)}")
     else:
@@ -59,9 +64,11 @@ def up(
 def down() -> None:
     """Stop every part of the embedded stack (data stays in the state folder)."""
     from llmbatch.devstack import DevStackError
+    from llmbatch.devstack.api import DevApi
 
     stack = _stack()
     try:
+        DevApi(Settings()).down()
         stack.down()
     except DevStackError as exc:
         raise fail(str(exc)) from None
@@ -73,8 +80,15 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
 ) -> None:
     """Say which parts run, and where; exit code 3 unless every part runs."""
+    from llmbatch.devstack.api import DevApi
+
     state = _stack().status()
-    typer.echo(state.model_dump_json(indent=2) if as_json else state.describe())
+    api = DevApi(Settings()).status()
+    if as_json:
+        typer.echo(json.dumps({**state.model_dump(), "api": api.model_dump()}, indent=2))
+    else:
+        typer.echo(state.describe())
+        typer.echo(api.describe())
     if not state.running:
         raise typer.Exit(3)
 

@@ -22,6 +22,7 @@ from llmbatch.cli.options import JobOptions, check_inputs, job_options
 from llmbatch.client import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.priority import DEFAULT_PRIORITY
 from llmbatch.contract.progress import format_duration
 from llmbatch.contract.spec import JobSpec
 from llmbatch.contract.states import ErrorClass, JobState
@@ -164,6 +165,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
         return
     out.print(f"[bold]{job_id}[/bold]: {p.state} (workflow {workflow_state})")
     out.print(f"  model: {p.model}")
+    out.print(f"  {placement(p.priority, p.tenant)}", highlight=False)
     if waiting:
         out.print(
             f"  [yellow]waiting for a worker serving {escape(p.model)}[/yellow]: none polls "
@@ -179,6 +181,14 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     out.print(f"  results: {usage_line(p.usage)}")
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
     out.print(f"  web ui: {job_url(settings, job_id)}")
+
+
+def placement(priority: int | None, tenant: str | None) -> str:
+    """'priority 1, tenant team-a' as status shows it; the defaults say so."""
+    shown = f"priority {priority}" if priority is not None else f"priority {DEFAULT_PRIORITY}"
+    if priority is None:
+        shown += " (default)"
+    return shown + (f", tenant {tenant}" if tenant else ", no tenant")
 
 
 def _elapsed(p: JobProgress | JobSummary) -> float:

@@ -20,6 +20,7 @@ from llmbatch.cli import progress
 from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out
 from llmbatch.client import connect
 from llmbatch.config import Settings
+from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress, JobSummary, Usage
 from llmbatch.contract.names import DEAD_LETTERS_QUERY, PROGRESS_QUERY, dead_letter_workflow_id
@@ -49,7 +50,15 @@ async def describe_job(settings: Settings, job_id: str) -> tuple[str, JobProgres
         if description.status == WorkflowExecutionStatus.CANCELED
         else JobState.FAILED
     )
-    return state, JobProgress(job_id=job_id, model="", state=ended)
+    attributes = description.typed_search_attributes
+    priority = attributes.get(sa.JOB_PRIORITY)
+    return state, JobProgress(
+        job_id=job_id,
+        model=attributes.get(sa.MODEL) or "",
+        state=ended,
+        priority=int(priority) if priority and priority.isdigit() else None,
+        tenant=attributes.get(sa.TENANT),
+    )
 
 
 async def follow_job(

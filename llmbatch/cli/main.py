@@ -6,7 +6,19 @@ from typing import Any
 
 import typer
 
-from llmbatch.cli import cache, codec, control, demo, dev, dlq, jobs, migrate, schedules, worker
+from llmbatch.cli import (
+    api,
+    cache,
+    codec,
+    control,
+    demo,
+    dev,
+    dlq,
+    jobs,
+    migrate,
+    schedules,
+    worker,
+)
 from llmbatch.cli.common import leave_if_client_command
 
 
@@ -42,6 +54,7 @@ app.command("codec-server")(codec.codec_server)
 app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
 jobs.register(app)
 control.register(app)
+api.register(app)
 
 
 if __name__ == "__main__":

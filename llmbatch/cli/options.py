@@ -25,6 +25,7 @@ from llmbatch import planning, storage
 from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 from llmbatch.contract import uris
+from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat
 
 
@@ -74,6 +75,20 @@ class JobOptions:
             "(greedy or seeded sampling); default: the GPU workers' LLMBATCH_CACHE.",
         ),
     ] = None
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            help=f"{HIGHEST_PRIORITY} (runs first) to {LOWEST_PRIORITY} (last); default "
+            f"{DEFAULT_PRIORITY}. Its shards wait behind higher priorities' on the GPU workers."
+        ),
+    ] = None
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Team or project: tenants share the GPU workers fairly."),
+    ] = None
+    tenant_weight: Annotated[
+        float | None, typer.Option(help="The tenant's share against others' (default 1).")
+    ] = None
     spec_file: Annotated[
         Path | None, typer.Option("--spec", help="A whole JobSpec as JSON; options override it.")
     ] = None
@@ -106,6 +121,9 @@ class JobOptions:
             ("max_concurrent_shards", self.max_concurrent_shards),
             ("dedup", self.dedup),
             ("cache", self.cache),
+            ("priority", self.priority),
+            ("tenant", self.tenant),
+            ("tenant_weight", self.tenant_weight),
         ]
         for key, value in options:
             if value is not None:

@@ -13,5 +13,6 @@ shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
   counts, never rows).
 - ``dead_letters``: the dead-letter workflow's messages.
 - ``search_attributes``: the custom search attributes jobs carry.
+- ``priority``: a job's task-queue priority and tenant (Temporal's ``Priority``).
 - ``progress``: the one-line progress text shown in the Web UI and the CLI.
 """

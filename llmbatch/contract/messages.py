@@ -161,6 +161,10 @@ class JobProgress(BaseModel):
     usage: Usage = Field(
         default_factory=Usage, description="Result sources, GPU time and cost so far."
     )
+    priority: int | None = Field(
+        default=None, description="The spec's task-queue priority; None: Temporal's default."
+    )
+    tenant: str | None = Field(default=None, description="The spec's tenant (fairness key).")
 
     @property
     def items_done(self) -> int:

@@ -16,6 +16,13 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmbatch.contract import uris
+from llmbatch.contract.priority import (
+    HIGHEST_PRIORITY,
+    LOWEST_PRIORITY,
+    MAX_TENANT_WEIGHT,
+    MIN_TENANT_WEIGHT,
+    TENANT_PATTERN,
+)
 
 # ":" is allowed because a Temporal Schedule names each run "<workflow id>-<RFC 3339
 # UTC time>" (e.g. "nightly-2025-06-01T02:00:00Z"), and a scheduled run's job id is
@@ -137,7 +144,9 @@ class ApiBatch(_Strict):
     end as one output file and one error file registered as API files.
     """
 
-    project: str = Field(min_length=1, max_length=128)
+    # A project is also the batch's tenant (its fair share of the workers), so it is
+    # named as tenants are.
+    project: str = Field(pattern=TENANT_PATTERN)
     endpoint: ApiEndpoint
     completion_window_s: int = Field(
         ge=1, description="Seconds from creation after which unfinished requests stop."
@@ -200,6 +209,30 @@ class JobSpec(_Strict):
     api_batch: ApiBatch | None = Field(
         default=None, description="Set by `llm-batch serve` for an OpenAI Batch API batch."
     )
+    # Where the job stands in the task queues (llmbatch.contract.priority): set on its
+    # workflow, its shards and every activity, so its GPU steps wait behind higher
+    # priorities and share the workers fairly with other tenants' jobs.
+    priority: int | None = Field(
+        default=None,
+        ge=HIGHEST_PRIORITY,
+        le=LOWEST_PRIORITY,
+        description=f"Task-queue priority, {HIGHEST_PRIORITY} (first) to {LOWEST_PRIORITY} "
+        "(last); Temporal's default (3) when left out. Backlogged tasks of a higher "
+        "priority run before any of a lower one.",
+    )
+    tenant: str | None = Field(
+        default=None,
+        pattern=TENANT_PATTERN,
+        description="The team or project the job runs for (Temporal's fairness key): "
+        "jobs of different tenants at one priority share the workers in proportion to "
+        "their weights. Up to 64 characters: letters, digits, '.', '_', ':', '@', '/', '-'.",
+    )
+    tenant_weight: float | None = Field(
+        default=None,
+        ge=MIN_TENANT_WEIGHT,
+        le=MAX_TENANT_WEIGHT,
+        description="The tenant's share relative to other tenants (default 1); needs tenant.",
+    )
 
     @field_validator("job_id", mode="before")
     @classmethod
@@ -238,6 +271,14 @@ class JobSpec(_Strict):
                 raise ValueError("messages are required unless the input is OpenAI batch JSONL")
         if self.input_format is InputFormat.OPENAI and self.messages is not None:
             raise ValueError("OpenAI batch input carries its own messages; drop 'messages'")
+        return self
+
+    @model_validator(mode="after")
+    def _weight_has_tenant(self) -> Self:
+        # A weight belongs to a fairness key: without one it would weigh the shared
+        # default key of every job that names no tenant.
+        if self.tenant_weight is not None and self.tenant is None:
+            raise ValueError("tenant_weight needs a tenant")
         return self
 
 

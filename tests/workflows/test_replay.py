@@ -61,6 +61,9 @@ async def test_every_workflow_replays_deterministically(
         "".join(json.dumps({"m": i} if i == DEAD_ROW else {"n": i}) + "\n" for i in range(SHARDS))
     )
     spec = one_row_shard_job(f"replay-{uuid.uuid4().hex[:8]}", source, model_name, tmp_path / "out")
+    # With a priority and a tenant, so the commands that carry them are replayed too
+    # (a spec without them gives the same commands as before they existed).
+    spec = spec.model_copy(update={"priority": 2, "tenant": "replay", "tenant_weight": 1.5})
     async with small_history_env(stack) as env:
         client = env.client
         async with (

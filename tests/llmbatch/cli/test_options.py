@@ -30,3 +30,17 @@ def test_relative_paths_are_sent_absolute(tmp_path: Path, monkeypatch: pytest.Mo
     home = JobOptions(inputs=["~/rows.csv"], model="m", output="s3://b/out", user="{{ x }}")
     spec = home.to_spec(Settings(), job_id="j")
     assert spec.inputs == [str(Path.home() / "rows.csv")] and spec.output_uri == "s3://b/out"
+
+
+def test_priority_and_tenant_options_reach_the_spec() -> None:
+    options = JobOptions(
+        inputs=["s3://b/in.jsonl"],
+        model="m",
+        output="s3://b/out",
+        user="{{ x }}",
+        priority=1,
+        tenant="eval-team",
+        tenant_weight=2.0,
+    )
+    spec = options.to_spec(Settings(), job_id="j")
+    assert (spec.priority, spec.tenant, spec.tenant_weight) == (1, "eval-team", 2.0)

@@ -4,7 +4,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from temporalio.common import Priority
 
+from llmbatch.contract.priority import describe, task_priority
 from llmbatch.contract.spec import JobSpec, SamplingSpec
 
 
@@ -53,6 +55,14 @@ def test_a_minimal_spec_has_working_defaults() -> None:
             "at properties/a/type",
         ),
         ({"sampling": {"json_schema": {"required": "a"}}}, "not a valid JSON Schema"),
+        ({"priority": 0}, "priority"),
+        ({"priority": 6}, "priority"),
+        ({"tenant": ""}, "tenant"),
+        ({"tenant": "team a"}, "tenant"),
+        ({"tenant": "t" * 65}, "tenant"),
+        ({"tenant": "a", "tenant_weight": 0}, "tenant_weight"),
+        ({"tenant": "a", "tenant_weight": 1001}, "tenant_weight"),
+        ({"tenant_weight": 2}, "tenant_weight needs a tenant"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_problem(overrides: dict[str, Any], message: str) -> None:
@@ -111,3 +121,16 @@ def test_a_valid_json_schema_is_kept_as_given() -> None:
         "required": ["label"],
     }
     assert spec(sampling={"json_schema": schema}).sampling.json_schema == schema
+
+
+def test_priority_and_tenant_become_temporal_priority() -> None:
+    """The spec's fields map one to one onto Temporal's Priority; left out, nothing is
+    set (Temporal's defaults, and the options jobs had before the fields existed)."""
+    placed = spec(priority=1, tenant="eval-team@research/nlp", tenant_weight=2.5)
+    assert task_priority(placed) == Priority(
+        priority_key=1, fairness_key="eval-team@research/nlp", fairness_weight=2.5
+    )
+    assert describe(placed) == "priority 1, tenant eval-team@research/nlp (weight 2.5)"
+    assert task_priority(spec()) == Priority.default
+    assert describe(spec()) == ""
+    assert task_priority(spec(priority=5)) == Priority(priority_key=5)

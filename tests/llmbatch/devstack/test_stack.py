@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
 from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, DevStackError, StackStatus
+from llmbatch.devstack.api import DevApi
 from llmbatch.devstack.process import alive
 from tests.fixtures.stack import stack_settings_for
 
@@ -46,6 +48,7 @@ def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevStack, Se
     try:
         yield dev, settings
     finally:
+        DevApi(settings).down()  # `dev up` (the CLI) starts the API server too
         dev.down()
         assert not processes_under(settings.state_dir)
 
@@ -179,12 +182,29 @@ def test_cli_up_status_down(own: tuple[DevStack, Settings]) -> None:
     assert again.returncode == 0, again.stderr
     assert "already running" in again.stdout
 
+    api = json.loads(status.stdout)["api"]
+    assert api["running"] is False  # `DevStack.up` alone (the fixture's) runs no API server
+    served = cli("up", "--json")
+    assert served.returncode == 0, served.stderr
+    api = json.loads(served.stdout)["api"]
+    assert api["running"] is True and api["key"].startswith("sk-llmb-")
+    assert stat.S_IMODE(Path(api["key_file"]).stat().st_mode) == 0o600
+    request = urllib.request.Request(
+        f"{api['base_url']}/models", headers={"Authorization": f"Bearer {api['key']}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.load(response) == {"object": "list", "data": []}  # no GPU worker here
+
     down = cli("down")
     assert down.returncode == 0, down.stderr
     stopped = cli("status", "--json")
     assert stopped.returncode == 3
     assert not any(p["running"] for p in json.loads(stopped.stdout)["parts"])
+    assert json.loads(stopped.stdout)["api"]["running"] is False
     assert not processes_under(settings.state_dir)
+    assert not psutil.pid_exists(api["pid"]) or psutil.Process(api["pid"]).status() == (
+        psutil.STATUS_ZOMBIE
+    )
 
     up = cli("up")
     assert up.returncode == 0, up.stderr
@@ -197,6 +217,8 @@ def test_cli_up_status_down(own: tuple[DevStack, Settings]) -> None:
     ):
         assert endpoint in up.stdout
     assert "started: temporal, postgres, seaweedfs" in up.stdout
+    # The same local key again (it is still valid), with the API's base URL.
+    assert f"API key:   {api['key']}" in up.stdout and "/v1 (OpenAI Batch API" in up.stdout
 
 
 @pytest.mark.parametrize(

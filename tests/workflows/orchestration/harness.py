@@ -49,9 +49,11 @@ class Run:
     task_queue: str
     stand_ins: StandIns
 
-    def spec(self, *, max_concurrent_shards: int, api_window_s: int | None = None) -> JobSpec:
+    def spec(
+        self, *, max_concurrent_shards: int, api_window_s: int | None = None, **fields: Any
+    ) -> JobSpec:
         """A job's spec; with ``api_window_s``, an OpenAI Batch API batch's with that
-        completion window."""
+        completion window. ``fields`` sets other JobSpec fields (priority, tenant, ...)."""
         if api_window_s is not None:
             return JobSpec(
                 job_id=self.job_id,
@@ -65,6 +67,7 @@ class Run:
                     endpoint=ApiEndpoint.CHAT_COMPLETIONS,
                     completion_window_s=api_window_s,
                 ),
+                **fields,
             )
         return JobSpec(
             job_id=self.job_id,
@@ -73,12 +76,16 @@ class Run:
             model="stand-in-model",
             max_concurrent_shards=max_concurrent_shards,
             output_uri="s3://stand-in/out",
+            **fields,
         )
 
     async def start_job(
-        self, *, max_concurrent_shards: int, api_window_s: int | None = None
+        self, *, max_concurrent_shards: int, api_window_s: int | None = None, **fields: Any
     ) -> WorkflowHandle[Any, JobSummary]:
-        spec = self.spec(max_concurrent_shards=max_concurrent_shards, api_window_s=api_window_s)
+        """Start the job as a bare client would: no search attributes, no priority."""
+        spec = self.spec(
+            max_concurrent_shards=max_concurrent_shards, api_window_s=api_window_s, **fields
+        )
         return await self.client.start_workflow(
             BATCH_JOB_WORKFLOW,
             BatchJobInput(spec=spec),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import activity
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import Priority, WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
 from llmbatch.contract.dead_letters import (
@@ -70,6 +70,7 @@ from llmbatch.contract.names import (
     WRITE_SHARD,
     dead_letter_workflow_id,
 )
+from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ErrorClass, FailureType
 
@@ -135,13 +136,15 @@ class ShardBook:
 class Call:
     """One call of a stand-in. ``shard`` is None for job-level steps; ``redrive`` is
     the re-drive number of the shard run (0 for the job's own run); ``event`` tells
-    the moments of a call apart ("start", "done", "cancelled", "cancel-ignored")."""
+    the moments of a call apart ("start", "done", "cancelled", "cancel-ignored");
+    ``priority`` is the task-queue priority the activity task came with (starts only)."""
 
     step: str
     shard: int | None
     redrive: int = 0
     event: str = "start"
     detail: object = None
+    priority: Priority | None = None
 
 
 class StandIns:
@@ -379,6 +382,7 @@ class StandIns:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             start_signal=DEAD_LETTERS_SIGNAL,
             start_signal_args=[ShardDeadLetters(shard=input.shard, by_class=book.dead_by_class)],
+            priority=task_priority(input.spec),
         )
         await self._record(Call(REPORT_DEAD_LETTERS, input.shard, input.redrive, "done"))
         return book.dead
@@ -418,7 +422,7 @@ class StandIns:
     ) -> None:
         """Record the call, wait at the step's gate if the test closed it, and fail if
         the test asked for that (job runs only: a re-drive's steps do not fail)."""
-        await self._record(Call(step, shard, redrive, "start", detail))
+        await self._record(Call(step, shard, redrive, "start", detail, activity.info().priority))
         gate = self._gates.get((step, shard))
         if gate is not None and not redrive:
             try:

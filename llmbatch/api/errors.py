@@ -1,0 +1,107 @@
+"""Every error the API answers, in OpenAI's shape:
+``{"error": {"message", "type", "param", "code"}}`` (what the ``openai`` client reads
+into ``APIStatusError.body``), including FastAPI's own validation errors and 404s."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class ErrorType(enum.StrEnum):
+    """OpenAI's ``error.type`` values that this API answers."""
+
+    # OpenAI answers a bad or missing key with this type too (and code invalid_api_key).
+    INVALID_REQUEST = "invalid_request_error"
+    RATE_LIMIT = "rate_limit_error"
+    SERVER = "server_error"
+
+
+class ApiError(Exception):
+    """An answer other than success: raised anywhere in a request, rendered by the app."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: ErrorType = ErrorType.INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+
+def not_found(kind: str, object_id: str, *, param: str = "id") -> ApiError:
+    """404 for an id this project does not have (another project's id included)."""
+    return ApiError(404, f"No such {kind} object: {object_id}", param=param, code="not_found")
+
+
+def error_body(
+    message: str, *, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Render every error in OpenAI's shape."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(
+            error_body(exc.message, type=exc.type, param=exc.param, code=exc.code),
+            status_code=exc.status,
+            headers=headers,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        # ("body", "metadata", "k") -> "metadata.k": the field as the caller named it.
+        where = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        param = ".".join(where) or None
+        message = first.get("msg", "invalid request")
+        return JSONResponse(
+            error_body(
+                f"{param}: {message}" if param else str(message),
+                type=ErrorType.INVALID_REQUEST,
+                param=param,
+                code="invalid_value",
+            ),
+            status_code=400,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own: an unknown route (404), a wrong method (405).
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        if exc.status_code == 404:
+            message = f"Unknown request URL: {request.method} {request.url.path}"
+        return JSONResponse(
+            error_body(message, type=ErrorType.INVALID_REQUEST),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The message names no internals (DSNs, hosts): those go to the server's log.
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse(
+            error_body("The server had an error processing your request.", type=ErrorType.SERVER),
+            status_code=500,
+        )

@@ -1,0 +1,113 @@
+"""``/v1/batches``: what is refused at creation, in OpenAI's error shape, and what a
+created batch looks like through the official client."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import asyncpg
+import openai
+import pytest
+
+from llmbatch.api import layout, store
+from tests.fixtures.api_server import ApiServer, Keys
+from tests.llmbatch.api.helpers import assert_openai_error, batch_file
+
+
+async def test_a_batch_for_a_model_no_worker_serves_is_refused(
+    api_server: ApiServer, api_keys: Keys
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
+    )
+    f = await client.files.create(
+        file=("in.jsonl", batch_file("no/such-model", 2)), purpose="batch"
+    )
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    error = assert_openai_error(caught.value, status=400, code="model_not_found", param="model")
+    assert "no/such-model" in error["message"]
+    assert (await client.batches.list()).data == []
+
+
+async def test_bad_parameters_answer_400_in_openais_shape(
+    api_server: ApiServer, api_keys: Keys
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
+    )
+    f = await client.files.create(file=("in.jsonl", batch_file("m", 2)), purpose="batch")
+    for kwargs, param in [
+        ({"completion_window": "48h"}, "completion_window"),
+        ({"endpoint": "/v1/images/generations"}, "endpoint"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.batches.create(
+                **{
+                    "input_file_id": f.id,
+                    "endpoint": "/v1/chat/completions",
+                    "completion_window": "24h",
+                    **kwargs,
+                }
+            )
+        assert_openai_error(caught.value, status=400, param=param)
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.batches.create(
+            input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert_openai_error(missing.value, status=404, param="input_file_id")
+    with pytest.raises(openai.NotFoundError) as route:
+        await client.get("/nowhere", cast_to=object)
+    assert_openai_error(route.value, status=404)
+
+
+async def test_limits_answer_400_and_429(
+    served_model: str,
+    api_server: ApiServer,
+    api_keys: Keys,
+    api_pool: asyncpg.Pool,
+) -> None:
+    project = "limits-" + layout.new_file_id()[-8:]
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(project), max_retries=0
+    )
+    # The session server takes at most 200 requests a batch.
+    many = await client.files.create(
+        file=("many.jsonl", batch_file(served_model, 201)), purpose="batch"
+    )
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.batches.create(
+            input_file_id=many.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert_openai_error(caught.value, status=400, code="too_many_requests_in_batch")
+
+    # ... and 2 unfinished batches a project: two are recorded as the server records
+    # them, so none can finish before the third is asked for.
+    f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
+    for _ in range(2):
+        await store.insert_batch(
+            api_pool,
+            batch_id=layout.new_batch_id(),
+            project=project,
+            input_file_id=f.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            window=timedelta(hours=24),
+            model=served_model,
+            metadata=None,
+            max_in_progress=10,
+        )
+    with pytest.raises(openai.RateLimitError) as limited:
+        await client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert_openai_error(limited.value, status=429, code="too_many_batches_in_progress")
+    page = await client.batches.list()
+    assert len(page.data) == 2 and page.has_more is False
+    # The input of an unfinished batch stays until the batch ends.
+    with pytest.raises(openai.BadRequestError) as in_use:
+        await client.files.delete(f.id)
+    assert_openai_error(in_use.value, status=400, code="file_in_use")

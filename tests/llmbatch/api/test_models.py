@@ -1,0 +1,21 @@
+"""``GET /v1/models`` lists what live GPU workers serve."""
+
+from __future__ import annotations
+
+import openai
+
+from tests.fixtures.api_server import ApiServer, Keys
+
+
+async def test_models_lists_the_session_gpu_workers_model(
+    served_model: str, api_server: ApiServer, api_keys: Keys
+) -> None:
+    # served_model waited until the list named the worker's model: what is left to
+    # check is how the model is shown.
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
+    )
+    models = [m async for m in client.models.list()]
+    [served] = [m for m in models if m.id == served_model]
+    assert served.object == "model" and served.owned_by == "llm-batch"
+    assert served.model_extra == {"task": "generate"}

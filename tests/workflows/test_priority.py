@@ -1,0 +1,180 @@
+"""Priority on the real stack: a small urgent job overtakes a large one's backlog on a
+busy GPU worker (Temporal dev server with the dev stack's matching config, vLLM CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client, WorkflowFailureError
+
+from llmbatch import ledger
+from llmbatch.client import start_job
+from llmbatch.config import Settings
+from llmbatch.contract.messages import JobProgress
+from llmbatch.contract.names import GENERATE, PROGRESS_QUERY, shard_workflow_id
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+from tests.fixtures.worker_processes import job_result
+from tests.llmbatch.cli.test_jobs import cli
+from workers.cpu import cpu_worker
+
+if TYPE_CHECKING:  # vLLM takes ~15 s to import: only tests that use the engine pay
+    from llmbatch.engine import Engine
+
+pytestmark = pytest.mark.slow
+
+# The large job: all its shards start together, and its GPU worker runs one generate
+# step at a time, so the others wait in the GPU queue's backlog.
+LARGE_SHARDS = 16
+SHARD_SIZE = 100
+SMALL_ROWS = 20
+MAX_TOKENS = 96
+# The small job is submitted once at least this many of the large job's generate
+# steps wait unstarted.
+BACKLOG = 4
+TENANT = "batch-team"
+
+
+@pytest_asyncio.fixture
+async def one_gpu_worker(
+    stack: Settings, temporal_client: Client, engine: Engine, model_name: str
+) -> AsyncIterator[Settings]:
+    """A CPU worker and a GPU worker that runs one shard at a time (on the session's
+    engine), on task queues of their own; yields the settings jobs start with."""
+    from workers.gpu import gpu_worker
+
+    name = f"prio-{uuid.uuid4().hex[:8]}"
+    settings = stack.model_copy(
+        update={"cpu_task_queue": f"{name}-cpu", "gpu_task_queue_prefix": f"{name}-gpu"}
+    )
+    async with (
+        cpu_worker(settings, client=temporal_client),
+        gpu_worker(
+            settings, engine, model=model_name, client=temporal_client, max_concurrent_activities=1
+        ),
+    ):
+        yield settings
+
+
+def _spec(tmp_path: Path, name: str, rows: int, model: str, **fields: Any) -> JobSpec:
+    source = tmp_path / name / "rows.jsonl"
+    source.parent.mkdir(parents=True)
+    source.write_text("".join(json.dumps({"text": f"{name} row {i}"}) + "\n" for i in range(rows)))
+    return JobSpec(
+        job_id=f"{name}-{uuid.uuid4().hex[:8]}",
+        inputs=[str(source)],
+        messages=[ChatMessage(role="user", content="Label: {{ text }}")],
+        model=model,
+        # Long answers: the GPU step, not the CPU steps and Temporal's round trips,
+        # is what the large job's shards spend their time on.
+        sampling=SamplingSpec(max_tokens=MAX_TOKENS),
+        output_uri=f"file://{tmp_path / name / 'out'}",
+        shard_size=SHARD_SIZE,
+        **fields,
+    )
+
+
+async def _waiting_generates(client: Client, job_id: str, shards: int) -> set[int]:
+    """The shards of ``job_id`` whose generate step is scheduled but not yet started."""
+    waiting = set()
+    for shard in range(shards):
+        try:
+            described = await client.get_workflow_handle(
+                shard_workflow_id(job_id, shard)
+            ).describe()
+        except Exception:  # not started yet
+            continue
+        for pending in described.raw_description.pending_activities:
+            if (
+                pending.activity_type.name == GENERATE
+                and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+            ):
+                waiting.add(shard)
+    return waiting
+
+
+def _started_after(times: tuple[Any, Any] | None, moment: datetime) -> bool:
+    """Whether a shard's first item started after ``moment`` (or never did)."""
+    return times is None or times[0] is None or times[0] > moment
+
+
+async def _shard_times(pool: asyncpg.Pool, job_id: str) -> dict[int, tuple[Any, Any]]:
+    """Per shard: when its first item started and its last item finished (the ledger)."""
+    rows = await pool.fetch(
+        "SELECT shard, min(started_at) AS first, max(finished_at) AS last FROM items"
+        " WHERE job_id = $1 GROUP BY shard",
+        job_id,
+    )
+    return {r["shard"]: (r["first"], r["last"]) for r in rows}
+
+
+async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
+    one_gpu_worker: Settings, temporal_client: Client, tmp_path: Path, model_name: str, pg_dsn: str
+) -> None:
+    """The GPU worker is busy with a 1,600-item priority-5 job whose generate steps
+    queue up; a 20-item priority-1 job submitted then runs before the steps that were
+    queued before it, and ends while most of the large job is still to do."""
+    workers = one_gpu_worker
+    large = _spec(
+        tmp_path,
+        "large",
+        LARGE_SHARDS * SHARD_SIZE,
+        model_name,
+        priority=5,
+        tenant=TENANT,
+        max_concurrent_shards=LARGE_SHARDS,
+    )
+    # One tenant for both, so that only their priorities differ (another tenant's job
+    # would overtake the queue by fairness alone).
+    small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant=TENANT)
+    pool = await ledger.create_pool(pg_dsn)
+    large_handle, _ = await start_job(temporal_client, large, settings=workers)
+    try:
+        for _ in range(1200):
+            queued = await _waiting_generates(temporal_client, large.job_id, LARGE_SHARDS)
+            if len(queued) >= BACKLOG:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"the large job never queued {BACKLOG} generate steps")
+
+        small_handle, _ = await start_job(temporal_client, small, settings=workers)
+        small_summary = await job_result(small_handle)
+        large_then = await ledger.job_counts(pool, job_id=large.job_id)
+        assert small_summary.items_succeeded == SMALL_ROWS
+
+        # Ahead of the queue: of the large job's generate steps that were waiting when
+        # the small job came, some started only after the small job's last item.
+        small_done = max(last for _, last in (await _shard_times(pool, small.job_id)).values())
+        large_times = await _shard_times(pool, large.job_id)
+        overtaken = [s for s in queued if _started_after(large_times.get(s), small_done)]
+        assert overtaken, (queued, large_times, small_done)
+        # Long before the large job: most of it was still to do when the small one ended.
+        assert large_then.succeeded < large.shard_size * LARGE_SHARDS // 2, large_then
+        progress = await large_handle.query(PROGRESS_QUERY, result_type=JobProgress)
+        assert (progress.priority, small_summary.priority) == (5, 1)
+
+        # What operators see: status and list name each job's priority and tenant.
+        code, out, _ = await cli(workers, "status", small.job_id)
+        assert code == 0 and f"priority 1, tenant {TENANT}" in out, out
+        code, out, _ = await cli(workers, "list", "--json", "--limit", "50")
+        listed = {row["job_id"]: row for row in json.loads(out)}
+        assert code == 0
+        assert (listed[small.job_id]["priority"], listed[small.job_id]["tenant"]) == (1, TENANT)
+        assert (listed[large.job_id]["priority"], listed[large.job_id]["tenant"]) == (5, TENANT)
+    finally:
+        # The rest of the large job proves nothing more: cancel it (it may have ended).
+        await large_handle.cancel()
+        with contextlib.suppress(WorkflowFailureError):
+            await job_result(large_handle)
+        await pool.close()
