@@ -133,6 +133,7 @@ class PlanningActivities:
         summary.tokens = TokenCounts(
             prompt=counts.prompt_tokens, completion=counts.completion_tokens
         )
+        summary.usage = await ledger.usage(self._ctx.pool, job_id=summary.job_id)
         summary.state = final_state(summary)
         if summary.started_at and summary.finished_at:
             started = datetime.fromisoformat(summary.started_at)
@@ -158,6 +159,11 @@ class PlanningActivities:
                 "dead": summary.items_dead,
             },
             "tokens": summary.tokens.model_dump(),
+            "usage": {
+                **summary.usage.model_dump(mode="json"),
+                "gpu_seconds_saved": summary.usage.gpu_seconds_saved,
+                "cost_per_1000_items": summary.usage.cost_per_1000(summary.items_done),
+            },
             "shards": summary.shards_total,
             "failed_shards": summary.failed_shards,
             "input_format": layout.input_format.value,
@@ -183,6 +189,7 @@ class PlanningActivities:
             prompt_tokens=summary.tokens.prompt,
             completion_tokens=summary.tokens.completion,
         )
+        await ledger.forget_leads(self._ctx.pool, job_id=summary.job_id)
         await asyncio.to_thread(store.delete_prefix, layout.staging + "/")
         return summary
 

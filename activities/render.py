@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +13,7 @@ from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
+from llmbatch.dedup import request_key
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.render_pool import Rendered
 from llmbatch.templates import TemplateError
@@ -48,7 +47,7 @@ class RenderActivities:
             rendered=dict(zip(templated, outcomes, strict=True)),
         )
         registered = await ledger.register_items(
-            self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(rows, requests)
+            self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(spec, rows, requests)
         )
         if registered.elsewhere:
             # Another shard has these ids: the copies here get ids of their own (by
@@ -66,7 +65,10 @@ class RenderActivities:
                     )
                 )
             registered = await ledger.register_items(
-                self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(rows, requests)
+                self._ctx.pool,
+                job_id=spec.job_id,
+                shard=shard,
+                items=_new_items(spec, rows, requests),
             )
         done = registered.done
         todo_dead = [d for d in dead if d.item_id not in done]
@@ -108,12 +110,14 @@ def _rename_repeated(
     return renamed, repeated
 
 
-def _new_items(rows: list[StagedRow], requests: dict[str, StagedRequest]) -> list[ledger.NewItem]:
+def _new_items(
+    spec: JobSpec, rows: list[StagedRow], requests: dict[str, StagedRequest]
+) -> list[ledger.NewItem]:
     return [
         ledger.NewItem(
             item_id=row.item_id, ordinal=row.ordinal, prompt_hash=prompt_hash, source=row.source
         )
-        for row, prompt_hash in _hashes(rows, requests)
+        for row, prompt_hash in _hashes(spec, rows, requests)
     ]
 
 
@@ -254,23 +258,22 @@ def _render_embed(
 
 
 def _hashes(
-    rows: list[StagedRow], requests: dict[str, StagedRequest]
+    spec: JobSpec, rows: list[StagedRow], requests: dict[str, StagedRequest]
 ) -> list[tuple[StagedRow, str | None]]:
+    # The dedup key (llmbatch.dedup.request_key): what decides the request's result.
     out: list[tuple[StagedRow, str | None]] = []
     for row in rows:
         request = requests.get(row.item_id)
         if request is None:
             out.append((row, None))
             continue
-        sampling = request.sampling.model_dump() if request.sampling else None
-        # A chat request hashes as before; a raw prompt hashes with a marker of its kind.
-        parts: list[Any] = (
-            [request.messages, sampling]
-            if request.prompt is None
-            else ["prompt", request.prompt, sampling]
+        key = request_key(
+            model=spec.model,
+            messages=request.messages,
+            prompt=request.prompt,
+            sampling=request.sampling or spec.sampling,
+            texts=request.texts,
+            embedding=request.embedding or (spec.embed_options if request.texts else None),
         )
-        if request.texts is not None:  # an embed request; generate hashes stay as they were
-            parts += [request.texts, request.embedding.model_dump() if request.embedding else None]
-        body = json.dumps(parts, sort_keys=True)
-        out.append((row, hashlib.sha256(body.encode()).hexdigest()))
+        out.append((row, key))
     return out

@@ -51,6 +51,7 @@ class WriteActivities:
             else:
                 summary.dead += 1
         summary.tokens = tokens
+        summary.usage = await ledger.usage(self._ctx.pool, job_id=spec.job_id, shard=shard)
         telemetry.annotate(
             job_id=spec.job_id,
             shard=shard,
@@ -127,6 +128,10 @@ def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -
         "finish_reason": result.get("finish_reason"),
         "prompt_tokens": entry.prompt_tokens,
         "completion_tokens": entry.completion_tokens,
+        # How the result came (generated, deduplicated, cached) and whose it is: an item
+        # id of this job, or "<job>/<item>" of the earlier job a cached result came from.
+        "result_source": entry.result_source,
+        "shared_with": entry.shared_with,
         "error": error,
     }
 

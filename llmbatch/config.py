@@ -73,6 +73,19 @@ class Settings(BaseSettings):
         "model before its items die as NoWorker (seconds or an ISO 8601 duration).",
     )
 
+    cache: bool = Field(
+        default=False,
+        description="Answer reproducible requests (greedy or seeded) of jobs that do not say "
+        "(JobSpec.cache unset) from earlier jobs' results for the same model weights. Read by "
+        "GPU workers; `submit --cache/--no-cache` decides per job.",
+    )
+    gpu_hour_price: float | None = Field(
+        default=None,
+        ge=0,
+        description="Price of one GPU for an hour on this GPU worker (an engine on several "
+        "GPUs counts each); jobs then report their cost. Unset: no cost shown.",
+    )
+
     # Payload encryption (llmbatch.security.codec): a keyring as JSON, or a file of it;
     # neither set, the state folder's codec-keys.json (`llm-batch dev up --encrypt`).
     codec_keys: SecretStr | None = Field(

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import functools
 import io
 import json
 import logging
@@ -54,6 +55,7 @@ __all__ = [
     "EngineArgumentError",
     "EngineDeadError",
     "EngineOptions",
+    "EngineUsage",
     "GenerationRequest",
     "GenerationResult",
     "RequestAbortedError",
@@ -350,6 +352,37 @@ def _prepare(spec: SamplingSpec) -> _Prepared:
     return _Prepared(params, validator=cls(spec.json_schema))
 
 
+class EngineUsage:
+    """What one caller's requests took of the engine: requests submitted to vLLM (not
+    those refused before it) and the time at least one of them was in the engine.
+
+    Counted here, at the adapter, so the figure is the engine's work and nothing else.
+    """
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._in_engine = 0
+        self._busy_since = 0.0
+        self._busy_s = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds with at least one request of this caller in the engine, until now."""
+        running = time.perf_counter() - self._busy_since if self._in_engine else 0.0
+        return self._busy_s + running
+
+    def _entered(self) -> None:
+        self.requests += 1
+        if self._in_engine == 0:
+            self._busy_since = time.perf_counter()
+        self._in_engine += 1
+
+    def _left(self) -> None:
+        self._in_engine -= 1
+        if self._in_engine == 0:
+            self._busy_s += time.perf_counter() - self._busy_since
+
+
 class Engine:
     """One vLLM engine, shared by every ``generate`` activity of the worker process."""
 
@@ -362,6 +395,13 @@ class Engine:
         # Bounded: OpenAI batch rows may each bring their own sampling (seed, max_tokens).
         self._prepared: OrderedDict[str, _Prepared] = OrderedDict()
         self._closed = False
+        # Requests submitted to vLLM since start (all callers): the engine's own count.
+        self.requests_submitted = 0
+        # What identifies the loaded weights, for the result cache (None: not cached).
+        self.weights: str | None = None
+        parallel = llm.vllm_config.parallel_config
+        # GPUs one engine occupies: what a price per GPU-hour is multiplied by.
+        self.gpus: int = int(parallel.tensor_parallel_size) * int(parallel.pipeline_parallel_size)
         # The queue-depth gauge reads the engine on each metric collection.
         self._stop_observing = telemetry.observe_engine_queue(
             options.model, lambda: self.num_unfinished_requests
@@ -380,6 +420,12 @@ class Engine:
         llm = AsyncLLM.from_engine_args(options.to_engine_args())
         # vLLM's own tokenizer: the prompt we count is exactly the prompt it runs.
         engine = cls(llm, llm.get_tokenizer(), options)
+        from llmbatch.dedup import weights_fingerprint
+
+        # Once per worker, next to the model load it is small beside.
+        engine.weights = await asyncio.to_thread(
+            weights_fingerprint, options.model, revision=options.engine_args.get("revision")
+        )
         log.info(
             "vLLM engine for %s ready in %.1f s (max_model_len %d, max_num_seqs %d)",
             options.model,
@@ -432,8 +478,12 @@ class Engine:
             return list(self._tokenizer.encode(text, add_special_tokens=False))
         return list(self._tokenizer.encode(request.prompt or ""))
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
+    async def generate(
+        self, request: GenerationRequest, *, usage: EngineUsage | None = None
+    ) -> GenerationResult:
         """Generate one request; see the module docstring for the error contract.
+
+        ``usage``, when given, counts the request if it reaches the engine.
 
         A prompt is too long when it leaves no room for one generated token
         (``prompt_tokens >= max_model_len``, vLLM's own rule). A prompt that fits but
@@ -463,6 +513,10 @@ class Engine:
                 prompt_tokens=len(ids),
             )
         final = None
+        self.requests_submitted += 1
+        telemetry.metrics().engine_requests.add(1, {"llmbatch.model": self.options.model})
+        if usage is not None:
+            usage._entered()
         try:
             async for output in self._llm.generate(
                 tokens_input(ids), prepared.params, request.request_id
@@ -480,6 +534,9 @@ class Engine:
             if isinstance(exc.__cause__, ValueError | TypeError):
                 return _rejected(request, exc.__cause__, prompt_tokens=len(ids))
             raise
+        finally:
+            if usage is not None:
+                usage._left()
         if final is None or not final.outputs:
             raise RequestAbortedError(f"request {request.request_id}: the engine returned nothing")
         completion = final.outputs[0]
@@ -580,6 +637,7 @@ class Engine:
         requests: AsyncIterable[GenerationRequest] | Iterable[GenerationRequest],
         *,
         max_in_flight: int,
+        usage: EngineUsage | None = None,
     ) -> AsyncGenerator[GenerationResult, None]:
         """Results in completion order, with at most ``max_in_flight`` requests in the
         engine or waiting to be taken; ``requests`` is read lazily, so memory stays
@@ -589,7 +647,9 @@ class Engine:
         the iterator (``contextlib.aclosing``) when stopping early: closing, like
         cancelling the consumer inside it, aborts every request still in flight.
         """
-        results = _run_many(self.generate, requests, max_in_flight=max_in_flight)
+        results = _run_many(
+            functools.partial(self.generate, usage=usage), requests, max_in_flight=max_in_flight
+        )
         async with contextlib.aclosing(results):
             async for result in results:
                 yield result

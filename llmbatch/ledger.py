@@ -19,8 +19,14 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from llmbatch.contract.dead_letters import DeadLetterEntry
-from llmbatch.contract.messages import ShardCounts, TokenCounts
-from llmbatch.contract.states import TERMINAL_STATUSES, ErrorClass, ItemStatus, JobState
+from llmbatch.contract.messages import ShardCounts, TokenCounts, Usage
+from llmbatch.contract.states import (
+    TERMINAL_STATUSES,
+    ErrorClass,
+    ItemStatus,
+    JobState,
+    ResultSource,
+)
 
 # Bound as a text[] parameter wherever SQL asks "finished?".
 TERMINAL = [str(s) for s in TERMINAL_STATUSES]
@@ -77,6 +83,8 @@ class ItemResult:
     prompt_tokens: int
     completion_tokens: int
     latency_ms: float
+    result_source: ResultSource = ResultSource.GENERATED
+    shared_with: str | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +114,8 @@ class LedgerRow:
     error_class: ErrorClass | None
     error_message: str | None
     finished_at: datetime | None
+    result_source: ResultSource | None = None
+    shared_with: str | None = None
 
 
 @dataclass(slots=True)
@@ -318,9 +328,12 @@ async def record_results(
         UPDATE items AS i
         SET status = $8, result = r.result::jsonb, prompt_tokens = r.prompt_tokens,
             completion_tokens = r.completion_tokens, latency_ms = r.latency_ms,
+            result_source = r.result_source, shared_with = r.shared_with,
             error_class = NULL, error_message = NULL, finished_at = now(), updated_at = now()
-        FROM unnest($3::text[], $4::text[], $5::int[], $6::int[], $7::float8[])
-             AS r(item_id, result, prompt_tokens, completion_tokens, latency_ms)
+        FROM unnest($3::text[], $4::text[], $5::int[], $6::int[], $7::float8[], $10::text[],
+                    $11::text[])
+             AS r(item_id, result, prompt_tokens, completion_tokens, latency_ms, result_source,
+                  shared_with)
         WHERE i.job_id = $1 AND i.item_id = r.item_id
           AND i.lease_owner = $2 AND i.status = $9
         """,
@@ -333,6 +346,8 @@ async def record_results(
         [r.latency_ms for r in results],
         ItemStatus.SUCCEEDED,
         ItemStatus.RUNNING,
+        [str(r.result_source) for r in results],
+        [r.shared_with for r in results],
     )
     return int(status.rsplit(" ", 1)[1])
 
@@ -390,7 +405,8 @@ async def shard_results(pool: Database, *, job_id: str, shard: int) -> list[Ledg
     rows = await pool.fetch(
         """
         SELECT item_id, ordinal, status, attempt, source, result, prompt_tokens,
-               completion_tokens, latency_ms, error_class, error_message, finished_at
+               completion_tokens, latency_ms, error_class, error_message, finished_at,
+               result_source, shared_with
         FROM items WHERE job_id = $1 AND shard = $2 ORDER BY ordinal, item_id
         """,
         job_id,
@@ -402,6 +418,7 @@ async def shard_results(pool: Database, *, job_id: str, shard: int) -> list[Ledg
                 **dict(r),
                 "status": ItemStatus(r["status"]),
                 "error_class": r["error_class"] and ErrorClass(r["error_class"]),
+                "result_source": r["result_source"] and ResultSource(r["result_source"]),
             }
         )
         for r in rows
@@ -671,3 +688,176 @@ async def release_items(
         ItemStatus.RUNNING,
     )
     return int(status.rsplit(" ", 1)[1])
+
+
+# --- in-job deduplication: one leader per distinct request --------------------------
+
+
+@dataclass(slots=True)
+class Lead:
+    """Who generates a distinct request of a job, and how far it is: ``result`` is
+    set once the leader item succeeded."""
+
+    request_key: str
+    item_id: str
+    result: dict[str, Any] | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+async def take_leads(
+    pool: Database,
+    *,
+    job_id: str,
+    leads: Sequence[tuple[str, str]],
+    lease_owner: str,
+    stale_after_s: float,
+) -> set[str]:
+    """Lead the requests of ``leads`` (request key, the item that will generate it) for
+    ``lease_owner``; return the keys it now leads.
+
+    A key is taken when nobody leads it, when this lease already does, or when its
+    lead is gone: the leader item has not succeeded, and it no longer runs under the
+    lead's lease (its attempt died and the item was released, re-claimed or marked
+    dead) or the lead was not renewed for ``stale_after_s``. Fenced in the WHERE clause, so of
+    two shards asking at once exactly one leads.
+    """
+    if not leads:
+        return set()
+    rows = await pool.fetch(
+        """
+        INSERT INTO dedup_leads AS l (job_id, request_key, item_id, lease_owner)
+        SELECT $1, t.request_key, t.item_id, $2
+        FROM unnest($3::text[], $4::text[]) AS t(request_key, item_id)
+        ON CONFLICT (job_id, request_key) DO UPDATE
+            SET item_id = EXCLUDED.item_id, lease_owner = EXCLUDED.lease_owner,
+                renewed_at = now()
+            WHERE l.lease_owner = EXCLUDED.lease_owner
+               OR NOT EXISTS (
+                   SELECT 1 FROM items AS i
+                   WHERE i.job_id = l.job_id AND i.item_id = l.item_id
+                     AND (i.status = $6
+                          OR (i.status = $7 AND i.lease_owner = l.lease_owner
+                              AND l.renewed_at >= now() - make_interval(secs => $5))))
+        RETURNING request_key
+        """,
+        job_id,
+        lease_owner,
+        [k for k, _ in leads],
+        [i for _, i in leads],
+        stale_after_s,
+        ItemStatus.SUCCEEDED,
+        ItemStatus.RUNNING,
+    )
+    return {r["request_key"] for r in rows}
+
+
+async def renew_leads(pool: Database, *, job_id: str, lease_owner: str) -> int:
+    """Tell waiting shards that ``lease_owner``'s leads are alive; return how many."""
+    status = await pool.execute(
+        "UPDATE dedup_leads SET renewed_at = now() WHERE job_id = $1 AND lease_owner = $2",
+        job_id,
+        lease_owner,
+    )
+    return int(status.rsplit(" ", 1)[1])
+
+
+async def leads(pool: Database, *, job_id: str, request_keys: Sequence[str]) -> dict[str, Lead]:
+    """The current leads of ``request_keys``, with the leader's result where it has one."""
+    if not request_keys:
+        return {}
+    rows = await pool.fetch(
+        """
+        SELECT l.request_key, l.item_id,
+               CASE WHEN i.status = $3 THEN i.result END AS result,
+               i.prompt_tokens, i.completion_tokens
+        FROM dedup_leads AS l
+        JOIN items AS i ON i.job_id = l.job_id AND i.item_id = l.item_id
+        WHERE l.job_id = $1 AND l.request_key = ANY($2::text[])
+        """,
+        job_id,
+        list(request_keys),
+        ItemStatus.SUCCEEDED,
+    )
+    return {r["request_key"]: Lead(**dict(r)) for r in rows}
+
+
+async def forget_leads(pool: Database, *, job_id: str) -> None:
+    """Drop a finished job's leads (its items keep who shared with whom); a re-drive
+    that comes later leads afresh."""
+    await pool.execute("DELETE FROM dedup_leads WHERE job_id = $1", job_id)
+
+
+# --- engine usage: GPU time and cost ------------------------------------------------
+
+
+async def record_usage(
+    pool: Database,
+    *,
+    job_id: str,
+    shard: int,
+    lease_owner: str,
+    requests: int,
+    busy_s: float,
+    gpus: int,
+    gpu_hour_price: float | None,
+) -> None:
+    """Record (or bring up to date) one generate attempt's engine work."""
+    await pool.execute(
+        """
+        INSERT INTO engine_usage
+            (job_id, shard, lease_owner, requests, busy_s, gpus, gpu_hour_price)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        ON CONFLICT (job_id, lease_owner) DO UPDATE
+            SET requests = EXCLUDED.requests, busy_s = EXCLUDED.busy_s, updated_at = now()
+        """,
+        job_id,
+        shard,
+        lease_owner,
+        requests,
+        busy_s,
+        gpus,
+        gpu_hour_price,
+    )
+
+
+async def usage(pool: Database, *, job_id: str, shard: int | None = None) -> Usage:
+    """A job's (or one shard's) result sources, engine requests, GPU-seconds and cost,
+    as the ledger has them now."""
+    row = await pool.fetchrow(
+        """
+        WITH sources AS (
+            SELECT count(*) FILTER (WHERE coalesce(result_source, $3) = $3) AS generated,
+                   count(*) FILTER (WHERE result_source = $4) AS deduplicated,
+                   count(*) FILTER (WHERE result_source = $5) AS cached,
+                   coalesce(sum(prompt_tokens) FILTER (WHERE result_source <> $3), 0)
+                       AS reused_prompt,
+                   coalesce(sum(completion_tokens) FILTER (WHERE result_source <> $3), 0)
+                       AS reused_completion
+            FROM items
+            WHERE job_id = $1 AND ($2::int IS NULL OR shard = $2) AND status = $6
+        ), engine AS (
+            SELECT coalesce(sum(requests), 0) AS requests,
+                   coalesce(sum(busy_s * gpus), 0) AS gpu_seconds,
+                   sum(busy_s * gpus * gpu_hour_price / 3600.0) AS cost
+            FROM engine_usage WHERE job_id = $1 AND ($2::int IS NULL OR shard = $2)
+        )
+        SELECT * FROM sources, engine
+        """,
+        job_id,
+        shard,
+        ResultSource.GENERATED,
+        ResultSource.DEDUPLICATED,
+        ResultSource.CACHED,
+        ItemStatus.SUCCEEDED,
+    )
+    assert row is not None
+    return Usage(
+        generated=row["generated"],
+        deduplicated=row["deduplicated"],
+        cached=row["cached"],
+        reused_tokens=TokenCounts(prompt=row["reused_prompt"], completion=row["reused_completion"]),
+        engine_requests=row["requests"],
+        gpu_seconds=float(row["gpu_seconds"]),
+        cost=None if row["cost"] is None else float(row["cost"]),
+    )

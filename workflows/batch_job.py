@@ -434,6 +434,7 @@ class BatchJobWorkflow:
             p.items_succeeded += report.succeeded
             p.items_dead += report.dead
             p.tokens = p.tokens + report.tokens
+            p.usage = p.usage + report.usage
             if report.failed is not None:
                 p.failed_shards.append(report.shard)
         p.shards_running = sorted(running)
@@ -521,6 +522,8 @@ class BatchJobWorkflow:
             f"running {len(p.shards_running)}; items {p.items_done}/{p.items_total} done "
             f"({p.items_dead} dead); tokens {p.tokens.prompt} prompt, "
             f"{p.tokens.completion} completion{self._pace()}{self._place()}"
+            # Where results came from, GPU time and cost (shards that finished so far).
+            + (f"; {p.usage.describe()}" if p.usage.generated or p.usage.reused else "")
         )
 
     def _place(self) -> str:

@@ -11,7 +11,13 @@ from rich.markup import escape
 from temporalio.client import Client
 
 from llmbatch.cli.common import CliError, emit_json, err, job_url, out, run
-from llmbatch.cli.jobview import describe_job, follow_job, print_summary, show_results
+from llmbatch.cli.jobview import (
+    describe_job,
+    follow_job,
+    print_summary,
+    show_results,
+    usage_line,
+)
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
 from llmbatch.client import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
@@ -180,6 +186,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
         f"({p.items_succeeded} succeeded, {p.items_dead} dead)"
     )
     out.print(f"  tokens: {p.tokens.prompt} prompt, {p.tokens.completion} completion")
+    out.print(f"  results: {usage_line(p.usage)}")
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
     out.print(f"  web ui: {job_url(settings, job_id)}")
 

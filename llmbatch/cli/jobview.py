@@ -22,7 +22,7 @@ from llmbatch.client import connect
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.dead_letters import DeadLetterView
-from llmbatch.contract.messages import JobProgress, JobSummary
+from llmbatch.contract.messages import JobProgress, JobSummary, Usage
 from llmbatch.contract.names import DEAD_LETTERS_QUERY, PROGRESS_QUERY, dead_letter_workflow_id
 from llmbatch.contract.states import JobState
 
@@ -92,9 +92,15 @@ def print_summary(summary: JobSummary, *, as_json: bool) -> None:
         f"{summary.items_dead} dead"
     )
     out.print(f"  tokens: {summary.tokens.prompt} prompt, {summary.tokens.completion} completion")
+    out.print(f"  results: {usage_line(summary.usage)}")
     out.print(f"  time: {summary.elapsed_s:.1f} s ({rate:.1f} items/s)")
     out.print(f"  output: {summary.output_root}/")
     out.print(f"  manifest: {summary.manifest}")
+
+
+def usage_line(usage: Usage) -> str:
+    """Where results came from (and the tokens reused), GPU time and cost: one line."""
+    return usage.describe()
 
 
 async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: bool) -> None:

@@ -6,7 +6,19 @@ from typing import Any
 
 import typer
 
-from llmbatch.cli import api, codec, control, demo, dev, dlq, jobs, migrate, schedules, worker
+from llmbatch.cli import (
+    api,
+    cache,
+    codec,
+    control,
+    demo,
+    dev,
+    dlq,
+    jobs,
+    migrate,
+    schedules,
+    worker,
+)
 from llmbatch.cli.common import leave_if_client_command
 
 
@@ -35,6 +47,7 @@ app.add_typer(
 app.add_typer(worker.app, name="worker", help="Run a CPU or GPU worker.")
 app.add_typer(schedules.app, name="schedule", help="Recurring jobs on Temporal Schedules.")
 app.add_typer(dlq.app, name="dlq", help="A job's dead items: list them, re-drive them.")
+app.add_typer(cache.app, name="cache", help="The result cache across jobs: stats, purge.")
 app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
 app.command("codec-server")(codec.codec_server)

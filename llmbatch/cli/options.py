@@ -77,6 +77,21 @@ class JobOptions:
     output_format: Annotated[OutputFormat, typer.Option()] = OutputFormat.JSONL
     shard_size: Annotated[int | None, typer.Option(help="Rows per shard.")] = None
     max_concurrent_shards: Annotated[int | None, typer.Option()] = None
+    dedup: Annotated[
+        bool | None,
+        typer.Option(
+            "--dedup/--no-dedup",
+            help="Generate each distinct request once (greedy or seeded sampling); on by default.",
+        ),
+    ] = None
+    cache: Annotated[
+        bool | None,
+        typer.Option(
+            "--cache/--no-cache",
+            help="Answer requests from earlier jobs' results for the same model weights "
+            "(greedy or seeded sampling); default: the GPU workers' LLMBATCH_CACHE.",
+        ),
+    ] = None
     priority: Annotated[
         int | None,
         typer.Option(
@@ -121,6 +136,8 @@ class JobOptions:
             ("id_field", self.id_field),
             ("shard_size", self.shard_size),
             ("max_concurrent_shards", self.max_concurrent_shards),
+            ("dedup", self.dedup),
+            ("cache", self.cache),
             ("priority", self.priority),
             ("tenant", self.tenant),
             ("tenant_weight", self.tenant_weight),

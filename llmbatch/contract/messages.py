@@ -24,6 +24,77 @@ class TokenCounts(BaseModel):
         )
 
 
+class Usage(BaseModel):
+    """Where a job's results came from, and what its engine work cost.
+
+    ``generated`` items were run by the engine, ``deduplicated`` ones share the result
+    of another item of the job with the same request, ``cached`` ones were answered by
+    an earlier job's result; ``reused_tokens`` are the token counts of the last two,
+    which no engine spent. ``gpu_seconds`` is the engines' busy time on the job (per
+    shard, summed) times their GPUs; ``cost`` is its price where workers have one set.
+    """
+
+    generated: int = 0
+    deduplicated: int = 0
+    cached: int = 0
+    reused_tokens: TokenCounts = Field(default_factory=TokenCounts)
+    engine_requests: int = 0
+    gpu_seconds: float = 0.0
+    cost: float | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        cost = (
+            None
+            if self.cost is None and other.cost is None
+            else ((self.cost or 0.0) + (other.cost or 0.0))
+        )
+        return Usage(
+            generated=self.generated + other.generated,
+            deduplicated=self.deduplicated + other.deduplicated,
+            cached=self.cached + other.cached,
+            reused_tokens=self.reused_tokens + other.reused_tokens,
+            engine_requests=self.engine_requests + other.engine_requests,
+            gpu_seconds=self.gpu_seconds + other.gpu_seconds,
+            cost=cost,
+        )
+
+    @property
+    def reused(self) -> int:
+        return self.deduplicated + self.cached
+
+    @property
+    def gpu_seconds_saved(self) -> float:
+        """The GPU time the reused items would have taken at this job's own measured
+        rate (GPU-seconds per generated item)."""
+        if not self.generated:
+            return 0.0
+        return self.reused * self.gpu_seconds / self.generated
+
+    def cost_per_1000(self, items: int) -> float | None:
+        """Cost per 1,000 finished items, where a price is set."""
+        if self.cost is None or not items:
+            return None
+        return self.cost * 1000.0 / items
+
+    def describe(self) -> str:
+        """One line for the CLI and the Web UI's details line: sources, GPU time, cost."""
+        line = (
+            f"{self.generated} generated, {self.deduplicated} deduplicated, {self.cached} "
+            f"cached; {self.engine_requests} engine requests; GPU {self.gpu_seconds:.1f} s"
+        )
+        if self.reused and self.generated:
+            line += f" ({self.gpu_seconds_saved:.1f} s saved)"
+        if self.reused:
+            reused = self.reused_tokens
+            line += f"; tokens reused {reused.prompt} prompt, {reused.completion} completion"
+        if self.cost is not None:
+            line += f"; cost {self.cost:.4f}"
+            per = self.cost_per_1000(self.generated + self.reused)
+            if per is not None:
+                line += f" ({per:.4f} per 1,000 items)"
+        return line
+
+
 class JobLayout(BaseModel):
     """Where a job's objects live; every key is derived, so retries find the same ones."""
 
@@ -93,6 +164,9 @@ class JobProgress(BaseModel):
     started_at: str | None = None
     failed_shards: list[int] = Field(default_factory=list)
     paused: bool = Field(default=False, description="Paused by the pause update.")
+    usage: Usage = Field(
+        default_factory=Usage, description="Result sources, GPU time and cost so far."
+    )
     priority: int | None = Field(
         default=None, description="The spec's task-queue priority; None: Temporal's default."
     )
@@ -265,6 +339,7 @@ class ShardSummary(BaseModel):
     dead: int = 0
     tokens: TokenCounts = Field(default_factory=TokenCounts)
     output_parts: list[str] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
     failed: str | None = Field(default=None, description="Why the shard itself failed, if it did.")
 
 

@@ -94,6 +94,12 @@ class SamplingSpec(_Strict):
         "truncation), e.g. to re-drive items whose prompt exceeded the context.",
     )
 
+    @property
+    def reproducible(self) -> bool:
+        """Whether the same request gives the same result again: greedy decoding or an
+        explicit seed. Only such requests are deduplicated or answered from the cache."""
+        return self.temperature == 0 or self.seed is not None
+
     @model_validator(mode="after")
     def _one_constraint(self) -> Self:
         given = [n for n in ("choice", "json_schema", "regex") if getattr(self, n) is not None]
@@ -246,6 +252,17 @@ class JobSpec(_Strict):
     )
     max_row_bytes: int = Field(default=1 << 20, ge=1, le=64 << 20)
     retry: RetrySpec = Field(default_factory=RetrySpec)
+    dedup: bool = Field(
+        default=True,
+        description="Generate each distinct request of the job once and share its result "
+        "with the items that repeat it (only for greedy or seeded sampling).",
+    )
+    cache: bool | None = Field(
+        default=None,
+        description="Answer requests from results of earlier jobs for the same request and "
+        "model weights (only for greedy or seeded sampling); unset: the GPU workers' "
+        "LLMBATCH_CACHE setting.",
+    )
     api_batch: ApiBatch | None = Field(
         default=None, description="Set by `llm-batch serve` for an OpenAI Batch API batch."
     )

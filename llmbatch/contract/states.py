@@ -49,6 +49,17 @@ class ItemStatus(enum.StrEnum):
     DEAD = "dead"
 
 
+class ResultSource(enum.StrEnum):
+    """How a succeeded item got its result: the engine generated it, another item of
+    the job with the same request shared its result (``deduplicated``), or a finished
+    earlier job's result for the same request and model weights answered it
+    (``cached``)."""
+
+    GENERATED = "generated"
+    DEDUPLICATED = "deduplicated"
+    CACHED = "cached"
+
+
 #: Statuses an item never leaves (but through a dead-letter re-drive).
 TERMINAL_STATUSES: tuple[ItemStatus, ...] = (ItemStatus.SUCCEEDED, ItemStatus.DEAD)
 

@@ -1,4 +1,6 @@
-"""SIGKILL the GPU worker in the middle of a job; a new one finishes it, exactly once.
+"""SIGKILL the GPU worker in the middle of a job; a new one finishes it, exactly once,
+and each distinct prompt of the job is generated once (deduplication across shards
+survives the kill).
 
 Real processes: the GPU worker runs as ``llm-batch worker gpu`` (its own vLLM
 engine); the kill comes from outside, as a preempted machine's would.
@@ -34,6 +36,11 @@ from tests.fixtures.worker_processes import (
 pytestmark = pytest.mark.slow
 
 ROWS, SHARD = 3000, 500
+# Row i asks about i % DISTINCT: the two shards that run at once hold the same prompts,
+# so each leads some and waits for the other's result on the rest.
+DISTINCT = 500
+# gpu_worker_process: 2 shards at once, 2 x max_num_seqs (64) requests in flight each.
+IN_FLIGHT_WINDOW = 2 * 2 * 64
 
 
 async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
@@ -46,7 +53,7 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
     model = str(shutil.copytree(tiny_model_path, tmp_path / "tiny-kill"))
     queue = stack.gpu_task_queue(model)
     source = tmp_path / "rows.jsonl"
-    source.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(ROWS)))
+    source.write_text("".join(json.dumps({"n": i % DISTINCT}) + "\n" for i in range(ROWS)))
     spec = JobSpec(
         job_id=f"kill-{uuid.uuid4().hex[:8]}",
         inputs=[str(source)],
@@ -76,8 +83,11 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
             if proc is not None:
                 stop_worker(proc)
     rows = await pool.fetch(
-        "SELECT item_id, status, attempt FROM items WHERE job_id = $1", spec.job_id
+        "SELECT item_id, status, attempt, prompt_hash, result_source, shared_with FROM items "
+        "WHERE job_id = $1",
+        spec.job_id,
     )
+    usage = await ledger.usage(pool, job_id=spec.job_id)
     await pool.close()
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (ROWS, ROWS, 0)
@@ -93,7 +103,20 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
     reclaimed = sum(1 for r in rows if r["attempt"] > 1)
     assert reclaimed == at_kill.running
     assert 0 < reclaimed <= 2 * SHARD
+    # Each distinct prompt has exactly one generated result in the ledger; every other
+    # item shares the result of an item with the same prompt.
+    generated = [r["prompt_hash"] for r in rows if r["result_source"] == "generated"]
+    assert len(generated) == len(set(generated)) == DISTINCT
+    hashes = {r["item_id"]: r["prompt_hash"] for r in rows}
+    shared = [r for r in rows if r["result_source"] != "generated"]
+    assert {r["result_source"] for r in shared} == {"deduplicated"}
+    assert all(hashes[r["shared_with"]] == r["prompt_hash"] for r in shared)
+    # Engine requests the ledger knows of (counted at the engine adapter; the killed
+    # attempts' last unflushed counts died with them): beyond the distinct prompts, at
+    # most what was in flight when the worker died.
+    assert DISTINCT <= usage.engine_requests <= DISTINCT + IN_FLIGHT_WINDOW
     print(
         f"killed at {at_kill.succeeded}/{ROWS} done; {reclaimed} items claimed again; "
+        f"{usage.engine_requests} engine requests for {DISTINCT} distinct prompts; "
         f"job finished {resumed_after:.1f} s after the kill"
     )

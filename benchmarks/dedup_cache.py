@@ -1,0 +1,226 @@
+"""Repeated requests: ``vllm run-batch`` against llm-batch with deduplication, and a
+second llm-batch job on the same input answered from the result cache.
+
+One run on one machine with the same engine options: a chat batch file of
+``--requests`` lines in which each distinct request appears ``--repeat`` times
+(greedy, so deduplication applies). Prints items/s of the three (engine load
+excluded for all) and their ratios, and for the cached job, which needs no engine
+work at all, the CPU time per item of each process of llm-batch's control plane:
+the CPU worker, the GPU worker's own process (not its engine's), Postgres,
+Temporal and the object store, from /proc/<pid>/stat before and after the job
+(each process with its descendants).
+
+    .venv/bin/python benchmarks/dedup_cache.py --requests 20000 --repeat 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+from pydantic import SecretStr
+
+from llmbatch import storage
+from llmbatch.client import connect, start_job
+from llmbatch.config import Settings
+from llmbatch.contract.messages import JobSummary
+from llmbatch.contract.spec import JobSpec
+from llmbatch.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack import DevStack
+from llmbatch.devstack.process import free_port
+from llmbatch.tiny_model import build_tiny_model
+
+# The engine options of both sides (on CPU, --gpu-memory-utilization is a share of RAM).
+ENGINE_ARGS = [
+    "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
+    "--gpu-memory-utilization", "0.3",
+]  # fmt: skip
+TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def batch_lines(n: int, *, repeat: int, model: str, max_tokens: int) -> bytes:
+    """OpenAI batch lines; line i asks request i // repeat, spread over the file."""
+    distinct = n // repeat
+    lines = []
+    for i in range(n):
+        k = i % distinct  # each distinct request comes back every `distinct` lines
+        body = {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": "You are brief."},
+                {"role": "user", "content": f"Write about {TOPICS[k % len(TOPICS)]} ({k})."},
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
+        line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        lines.append(json.dumps(line))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def run_batch(model: str, src: Path, dst: Path) -> float:
+    """Seconds run-batch spends on the file once its engine is up (it logs that it
+    reads the batch file only then)."""
+    loaded = None
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
+         "--model", model, *ENGINE_ARGS],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:  # vLLM logs to stdout
+        if loaded is None and "Reading batch from" in line:
+            loaded = time.monotonic()
+    if proc.wait() != 0 or loaded is None:
+        raise RuntimeError(f"run-batch failed with exit code {proc.returncode}")
+    return time.monotonic() - loaded
+
+
+def cpu_seconds(pid: int, *, descendants: bool = True) -> float:
+    """utime + stime (and reaped children's) of ``pid`` and, with ``descendants``, of
+    every live process under it, from /proc/<pid>/stat."""
+    pids = [pid]
+    if descendants:
+        try:
+            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            pass
+    total = 0
+    for p in pids:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        # fields[11:15]: utime, stime, cutime, cstime (stat fields 14-17)
+        total += sum(int(f) for f in fields[11:15])
+    return total / CLOCK_TICKS
+
+
+async def run_job(
+    client: object, settings: Settings, model: str, data_uri: str, *, cache: bool
+) -> tuple[JobSummary, float]:
+    spec = JobSpec(
+        job_id=f"bench-{'cache' if cache else 'dedup'}-{uuid.uuid4().hex[:8]}",
+        inputs=[data_uri],
+        model=model,
+        output_uri=f"s3://{settings.s3_bucket}/bench-out",
+        shard_size=1000,
+        max_concurrent_shards=4,
+        cache=cache,
+    )
+    started = time.monotonic()
+    handle, _ = await start_job(client, spec, settings=settings)  # type: ignore[arg-type]
+    summary: JobSummary = await handle.result()
+    return summary, time.monotonic() - started
+
+
+async def llm_batch(
+    settings: Settings, model: str, data_uri: str, n: int, log_dir: Path, parts: dict[str, int]
+) -> dict[str, object]:
+    client = await connect(settings)
+    with worker_processes(settings, model, log_dir=log_dir, gpu_args=list(ENGINE_ARGS)) as procs:
+        await wait_for_pollers(
+            client,
+            [settings.cpu_task_queue, settings.gpu_task_queue(model)],
+            procs=procs,
+            within_s=900,
+        )
+        dedup, dedup_s = await run_job(client, settings, model, data_uri, cache=False)
+        assert dedup.items_succeeded == n, dedup
+        print(f"  llm-batch dedup: {dedup_s:.1f} s, {dedup.usage.describe()}", flush=True)
+        cpu, gpu = procs
+        watched = {"cpu worker": (cpu.pid, True), "gpu worker (own process)": (gpu.pid, False)}
+        watched |= {name: (pid, True) for name, pid in parts.items()}
+        before = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
+        engine_before = cpu_seconds(gpu.pid) - before["gpu worker (own process)"]
+        cached, cached_s = await run_job(client, settings, model, data_uri, cache=True)
+        after = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
+        engine_after = cpu_seconds(gpu.pid) - after["gpu worker (own process)"]
+        assert cached.items_succeeded == n, cached
+        print(f"  llm-batch cached: {cached_s:.1f} s, {cached.usage.describe()}", flush=True)
+    return {
+        "dedup_s": dedup_s,
+        "cached_s": cached_s,
+        "cached_requests": cached.usage.engine_requests,
+        "dedup_requests": dedup.usage.engine_requests,
+        "cpu_ms_per_item": {k: (after[k] - before[k]) * 1000.0 / n for k in watched},
+        "engine_cpu_ms_per_item": (engine_after - engine_before) * 1000.0 / n,
+    }
+
+
+def free_port_settings(state_dir: Path) -> Settings:
+    """Settings for a stack of its own, on free ports (never another stack's)."""
+    taken: set[int] = set()
+
+    def port() -> int:
+        p = free_port(avoid=taken)
+        taken.add(p)
+        return p
+
+    return Settings(
+        state_dir=state_dir,
+        temporal_address=f"127.0.0.1:{port()}",
+        temporal_ui_port=port(),
+        postgres_dsn=SecretStr(f"postgresql://postgres@127.0.0.1:{port()}/llmbatch"),
+        s3_endpoint_url=f"http://127.0.0.1:{port()}",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--repeat", type=int, default=20, help="times each request appears")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--model", help="model path; default the tiny local model")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="llmbatch-dedup-bench-"))
+    settings = free_port_settings(work / "stack")
+    dev = DevStack(settings)
+    dev.up()
+    try:
+        parts = {f"{p.name}": p.pid for p in dev.status().parts if p.pid is not None}
+        model = args.model or str(build_tiny_model(work / "models" / "tiny-llama"))
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        n = args.requests
+        src = work / "batch.jsonl"
+        src.write_bytes(batch_lines(n, repeat=args.repeat, model=model, max_tokens=args.max_tokens))
+        data_uri = f"s3://{settings.s3_bucket}/bench/batch-{n}.jsonl"
+        storage.open_store(data_uri, settings).put_file(data_uri, src)
+
+        print(f"{n} requests, each distinct one {args.repeat} times", flush=True)
+        peer_s = run_batch(model, src, work / "out.jsonl")
+        print(f"  run-batch: {peer_s:.1f} s", flush=True)
+        ours = asyncio.run(llm_batch(settings, model, data_uri, n, work / "logs", parts))
+    finally:
+        dev.down()
+
+    peer, dedup = n / peer_s, n / float(ours["dedup_s"])  # type: ignore[arg-type]
+    cached = n / float(ours["cached_s"])  # type: ignore[arg-type]
+    print(f"\n{n} requests ({n // args.repeat} distinct), {args.max_tokens} max tokens, one run:")
+    print(f"  run-batch               {peer:8.1f} items/s")
+    print(f"  llm-batch dedup         {dedup:8.1f} items/s   {dedup / peer:5.2f}x run-batch "
+          f"({ours['dedup_requests']} engine requests)")  # fmt: skip
+    print(f"  llm-batch cached re-run {cached:8.1f} items/s   {cached / peer:5.2f}x run-batch "
+          f"({ours['cached_requests']} engine requests)")  # fmt: skip
+    print("  CPU ms per item of the cached re-run:")
+    per_item: dict[str, float] = ours["cpu_ms_per_item"]  # type: ignore[assignment]
+    for name, ms in per_item.items():
+        print(f"    {name:28s} {ms:7.3f}")
+    print(f"    {'total':28s} {sum(per_item.values()):7.3f}")
+    print(f"    (the GPU worker's idle engine processes: {ours['engine_cpu_ms_per_item']:.3f})")
+
+
+if __name__ == "__main__":
+    main()

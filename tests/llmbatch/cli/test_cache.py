@@ -1,0 +1,72 @@
+"""``llm-batch cache stats|purge`` as a real process against the session's Postgres, and
+the job options that turn deduplication off and the cache on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+
+import pytest
+
+from llmbatch import ledger, result_cache
+from llmbatch.cli.options import JobOptions
+from llmbatch.config import Settings
+from llmbatch.demo import settings_env
+
+pytestmark = pytest.mark.slow
+
+
+async def cli(settings: Settings, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "llmbatch.cli.main",
+        *args,
+        env={**os.environ, **settings_env(settings), "COLUMNS": "200"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_cache_stats_and_purge_by_model_and_age(stack: Settings) -> None:
+    model = f"/models/cli-{uuid.uuid4().hex[:8]}"
+    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    try:
+        await result_cache.store(
+            pool,
+            model=model,
+            weights="sha256:abc",
+            job_id="cli-cache",
+            entries=[
+                result_cache.NewEntry(f"{model}-{i}", {"text": str(i)}, 2, 1, f"r{i}")
+                for i in range(3)
+            ],
+        )
+    finally:
+        await pool.close()
+
+    code, out, _ = await cli(stack, "cache", "stats", "--json")
+    (mine,) = [s for s in json.loads(out) if s["model"] == model]
+    assert code == 0 and (mine["entries"], mine["hits"], mine["weights"]) == (3, 0, "sha256:abc")
+
+    code, out, _ = await cli(stack, "cache", "purge", "--older-than", "30d", "--model", model)
+    assert code == 0 and out.strip() == "deleted 0 cached results"
+    code, out, _ = await cli(stack, "cache", "purge", "--model", model + "/", "--json")
+    assert code == 0 and json.loads(out) == {"deleted": 3}
+
+    code, _, err = await cli(stack, "cache", "purge", "--older-than", "a month")
+    assert code == 1 and "30d" in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_dedup_and_cache_options_reach_the_spec(stack: Settings) -> None:
+    base = {"inputs": ["s3://b/in.jsonl"], "model": "m", "user": "{{ text }}"}
+    spec = JobOptions(**base).to_spec(stack)  # type: ignore[arg-type]
+    assert (spec.dedup, spec.cache) == (True, None)
+    spec = JobOptions(**base, dedup=False, cache=True).to_spec(stack)  # type: ignore[arg-type]
+    assert (spec.dedup, spec.cache) == (False, True)
