@@ -46,6 +46,12 @@ def spec_for(path: Path, tmp_path: Path, **overrides: Any) -> JobSpec:
     return JobSpec.model_validate(values)
 
 
+def own_queue(stack: Settings) -> Settings:
+    """The stack on a CPU queue of this test's own: a client registers one worker per
+    queue, and the session's workers may already poll the stack's."""
+    return stack.model_copy(update={"cpu_task_queue": f"planning-{uuid.uuid4().hex[:8]}"})
+
+
 async def failure_of(client: Client, settings: Settings, spec: JobSpec) -> ApplicationError:
     """Start ``spec`` as any Temporal client would; the job's failure, which must come
     within FAST_S."""
@@ -83,9 +89,10 @@ async def test_started_directly_jobs_that_can_never_run_fail_fast(
             f"{batch} line 1: body.logit_bias={{'1': 5}} is not supported",
         ),
     ]
-    async with cpu_worker(stack, client=temporal_client):
+    settings = own_queue(stack)
+    async with cpu_worker(settings, client=temporal_client):
         for spec, message in cases:
-            cause = await failure_of(temporal_client, stack, spec)
+            cause = await failure_of(temporal_client, settings, spec)
             assert cause.type == FailureType.INVALID_JOB_SPEC
             assert cause.message == message
 
@@ -99,9 +106,13 @@ async def test_a_spec_sent_as_json_that_is_invalid_fails_fast_not_hangs(
     data.write_text('{"x": 1}\n')
     spec = spec_for(data, tmp_path).model_dump(mode="json")
     spec["sampling"]["json_schema"] = {"type": "objekt"}
-    async with cpu_worker(stack, client=temporal_client):
+    settings = own_queue(stack)
+    async with cpu_worker(settings, client=temporal_client):
         handle = await temporal_client.start_workflow(
-            BATCH_JOB_WORKFLOW, {"spec": spec}, id=spec["job_id"], task_queue=stack.cpu_task_queue
+            BATCH_JOB_WORKFLOW,
+            {"spec": spec},
+            id=spec["job_id"],
+            task_queue=settings.cpu_task_queue,
         )
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(handle.result(), FAST_S)
