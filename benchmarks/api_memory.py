@@ -31,35 +31,15 @@ from pathlib import Path
 
 import openai
 import psutil
-from pydantic import SecretStr
 
 from llmbatch import ledger
 from llmbatch.api.auth import create_key
 from llmbatch.config import Settings
 from llmbatch.demo import settings_env
-from llmbatch.devstack import DevStack
+from llmbatch.devstack import DevStack, isolated_settings
 from llmbatch.devstack.process import free_port
 
 MB = 1 << 20
-
-
-def own_settings(state_dir: Path) -> Settings:
-    taken: set[int] = set()
-
-    def port() -> int:
-        p = free_port(avoid=taken)
-        taken.add(p)
-        return p
-
-    return Settings(
-        state_dir=state_dir,
-        temporal_address=f"127.0.0.1:{port()}",
-        temporal_ui_port=port(),
-        postgres_dsn=SecretStr(f"postgresql://postgres@127.0.0.1:{port()}/llmbatch"),
-        s3_endpoint_url=f"http://127.0.0.1:{port()}",
-        api_port=port(),
-        api_max_file_bytes=1 << 40,
-    )
 
 
 def write_batch_file(path: Path, size: int) -> int:
@@ -158,7 +138,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="llmbatch-api-mem-") as tmp:
         root = Path(tmp)
-        settings = own_settings(root / "state")
+        settings = isolated_settings(
+            root / "state", api_port=free_port(), api_max_file_bytes=1 << 40
+        )
         stack = DevStack(settings)
         stack.up()
         proc: subprocess.Popen[bytes] | None = None

@@ -27,7 +27,6 @@ import uuid
 from pathlib import Path
 
 import psutil
-from pydantic import SecretStr
 
 from llmbatch import storage
 from llmbatch.client import connect, start_job
@@ -35,8 +34,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import JobSpec
 from llmbatch.demo import wait_for_pollers, worker_processes
-from llmbatch.devstack import DevStack
-from llmbatch.devstack.process import free_port
+from llmbatch.devstack import DevStack, isolated_settings
 from llmbatch.tiny_model import build_tiny_model
 
 # The engine options of both sides (on CPU, --gpu-memory-utilization is a share of RAM).
@@ -159,24 +157,6 @@ async def llm_batch(
     }
 
 
-def free_port_settings(state_dir: Path) -> Settings:
-    """Settings for a stack of its own, on free ports (never another stack's)."""
-    taken: set[int] = set()
-
-    def port() -> int:
-        p = free_port(avoid=taken)
-        taken.add(p)
-        return p
-
-    return Settings(
-        state_dir=state_dir,
-        temporal_address=f"127.0.0.1:{port()}",
-        temporal_ui_port=port(),
-        postgres_dsn=SecretStr(f"postgresql://postgres@127.0.0.1:{port()}/llmbatch"),
-        s3_endpoint_url=f"http://127.0.0.1:{port()}",
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000)
@@ -186,7 +166,7 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="llmbatch-dedup-bench-"))
-    settings = free_port_settings(work / "stack")
+    settings = isolated_settings(work / "stack")
     dev = DevStack(settings)
     dev.up()
     try:

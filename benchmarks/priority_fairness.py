@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from pydantic import SecretStr
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -44,8 +43,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.names import GENERATE, shard_workflow_id
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import wait_for_pollers, worker_processes
-from llmbatch.devstack import DevStack
-from llmbatch.devstack.process import free_port
+from llmbatch.devstack import DevStack, isolated_settings
 from llmbatch.tiny_model import build_tiny_model
 
 # A small share of RAM for the engine's KV cache (the machine is shared).
@@ -53,24 +51,6 @@ ENGINE_ARGS = [
     "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "128",
     "--gpu-memory-utilization", "0.05",
 ]  # fmt: skip
-
-
-def own_stack_settings(state_dir: Path) -> Settings:
-    """A stack of its own: never the ports of a developer's `llm-batch dev up`."""
-    taken: set[int] = set()
-
-    def port() -> int:
-        p = free_port(avoid=taken)
-        taken.add(p)
-        return p
-
-    return Settings(
-        state_dir=state_dir,
-        temporal_address=f"127.0.0.1:{port()}",
-        temporal_ui_port=port(),
-        postgres_dsn=SecretStr(f"postgresql://postgres@127.0.0.1:{port()}/llmbatch"),
-        s3_endpoint_url=f"http://127.0.0.1:{port()}",
-    )
 
 
 @dataclass(frozen=True)
@@ -325,7 +305,7 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="llmbatch-bench-priority-"))
-    settings = own_stack_settings(work / "state")
+    settings = isolated_settings(work / "state")
     dev = DevStack(settings)
     dev.up()
     try:

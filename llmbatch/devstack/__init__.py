@@ -35,6 +35,6 @@ with trust auth, then the database is created and migrations applied; S3 is
 """
 
 from llmbatch.devstack.process import DevStackError
-from llmbatch.devstack.stack import DevStack, PartStatus, StackStatus
+from llmbatch.devstack.stack import DevStack, PartStatus, StackStatus, isolated_settings
 
-__all__ = ["DevStack", "DevStackError", "PartStatus", "StackStatus"]
+__all__ = ["DevStack", "DevStackError", "PartStatus", "StackStatus", "isolated_settings"]

@@ -6,9 +6,10 @@ import contextlib
 import json
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from llmbatch.config import Settings, redact
 from llmbatch.devstack import process
@@ -269,3 +270,23 @@ class DevStack:
             encrypted=encrypted(s),
             codec_server=f"http://127.0.0.1:{s.codec_server_port}" if encrypted(s) else None,
         )
+
+
+def isolated_settings(state_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a stack of its own: ``state_dir`` and free ports, never those of a
+    developer's ``llm-batch dev up`` (tests and benchmarks run beside one)."""
+    taken: set[int] = set()
+
+    def port() -> int:
+        p = process.free_port(avoid=taken)
+        taken.add(p)
+        return p
+
+    return Settings(
+        state_dir=state_dir,
+        temporal_address=f"127.0.0.1:{port()}",
+        temporal_ui_port=port(),
+        postgres_dsn=SecretStr(f"postgresql://postgres@127.0.0.1:{port()}/llmbatch"),
+        s3_endpoint_url=f"http://127.0.0.1:{port()}",
+        **overrides,
+    )

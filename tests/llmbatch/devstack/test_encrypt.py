@@ -20,7 +20,7 @@ from temporalio.api.common.v1 import Payloads
 from llmbatch.client import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec
-from llmbatch.devstack import DevStack, DevStackError
+from llmbatch.devstack import DevStack, DevStackError, isolated_settings
 from llmbatch.devstack.parts import (
     CodecServerPart,
     TemporalPart,
@@ -29,7 +29,6 @@ from llmbatch.devstack.parts import (
 )
 from llmbatch.devstack.process import free_port
 from llmbatch.security.codec import ENCODING, state_keyring_path
-from tests.fixtures.stack import stack_settings_for
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +37,7 @@ CANARY = "devcanary-2b7e"
 
 @pytest.fixture
 def encrypted_stack(tmp_path: Path) -> Iterator[Settings]:
-    settings = stack_settings_for(tmp_path / "state")
+    settings = isolated_settings(tmp_path / "state")
     settings = settings.model_copy(
         update={"codec_server_port": free_port(avoid={settings.temporal_port})}
     )
@@ -110,7 +109,7 @@ async def test_dev_up_encrypt_points_the_web_ui_at_a_codec_server_that_decodes(
 
 
 def test_encryption_cannot_be_turned_on_under_a_running_temporal(tmp_path: Path) -> None:
-    settings = stack_settings_for(tmp_path / "state")
+    settings = isolated_settings(tmp_path / "state")
     temporal = TemporalPart(settings)
     temporal.plan_ports(set())
     temporal.start()

@@ -31,10 +31,9 @@ from llmbatch import storage
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
 from llmbatch.demo import settings_env
-from llmbatch.devstack import DevStack, DevStackError, StackStatus
+from llmbatch.devstack import DevStack, DevStackError, StackStatus, isolated_settings
 from llmbatch.devstack.api import DevApi
 from llmbatch.devstack.process import alive
-from tests.fixtures.stack import stack_settings_for
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +42,7 @@ PART_NAMES = ["temporal", "postgres", "seaweedfs"]
 
 @pytest.fixture(scope="module")
 def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevStack, Settings]]:
-    settings = stack_settings_for(tmp_path_factory.mktemp("own-stack"))
+    settings = isolated_settings(tmp_path_factory.mktemp("own-stack"))
     dev = DevStack(settings)
     try:
         yield dev, settings
@@ -226,7 +225,7 @@ def test_cli_up_status_down(own: tuple[DevStack, Settings]) -> None:
     [("temporal", lambda s: s.temporal_port), ("seaweedfs", lambda s: s.s3_port)],
 )
 def test_a_taken_port_is_one_clear_error(tmp_path: Path, part: str, port_of: Any) -> None:
-    settings = stack_settings_for(tmp_path / "state")
+    settings = isolated_settings(tmp_path / "state")
     port = port_of(settings)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
@@ -253,7 +252,7 @@ def test_a_taken_port_is_one_clear_error(tmp_path: Path, part: str, port_of: Any
 
 
 def test_a_server_that_dies_while_starting_is_one_clear_error(tmp_path: Path) -> None:
-    settings = stack_settings_for(tmp_path / "state")
+    settings = isolated_settings(tmp_path / "state")
     # A data folder Postgres cannot use: the server exits at once.
     data = settings.state_dir / "postgres" / "data"
     data.mkdir(parents=True)
@@ -273,7 +272,7 @@ def test_a_server_that_dies_while_starting_is_one_clear_error(tmp_path: Path) ->
 def test_status_never_shows_the_postgres_password(tmp_path: Path) -> None:
     """``dev status`` and ``dev status --json`` (what ``dev up`` prints too) show where
     Postgres is, never its password; a stack that is not running is enough to ask."""
-    settings = stack_settings_for(tmp_path / "state")
+    settings = isolated_settings(tmp_path / "state")
     password = "pw-that-must-not-show"
     dsn = settings.postgres_dsn.get_secret_value().replace("postgres@", f"postgres:{password}@")
     env = {**os.environ, **settings_env(settings), "LLMBATCH_POSTGRES_DSN": dsn}
