@@ -305,20 +305,25 @@ def _groups(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> list[_G
     groups: list[_Group] = []
     by_key: dict[str, _Group] = {}
     for request in todo:
-        if spec.task is Task.EMBED:  # embeddings are not deduplicated (yet)
-            groups.append(_Group(None, [request]))
-            continue
         sampling = request.sampling or spec.sampling
-        key = (
-            request_key(
+        if spec.task is Task.EMBED:
+            # An embedding is a function of its texts and options: always reproducible.
+            key: str | None = request_key(
+                model=spec.model,
+                messages=None,
+                sampling=spec.sampling,
+                texts=request.texts or [],
+                embedding=request.embedding or spec.embed_options,
+            )
+        elif sampling.reproducible:
+            key = request_key(
                 model=spec.model,
                 messages=request.messages,
                 prompt=request.prompt,
                 sampling=sampling,
             )
-            if sampling.reproducible
-            else None
-        )
+        else:
+            key = None
         if key is None or not dedup:
             groups.append(_Group(key, [request]))
             continue
@@ -656,7 +661,7 @@ class _EmbedRecorder(_Recorder):
         engine: Engine | None = None,
     ) -> None:
         super().__init__(ctx, input, lease, progress, todo, usage=usage, engine=engine)
-        self._embedded: list[tuple[str, EmbeddingResult]] = []
+        self._embedded: list[tuple[_Group, EmbeddingResult]] = []
         # Object names unique per attempt and flush: a retry never overwrites an object
         # that items of an earlier attempt already point to.
         self._attempt_key = hashlib.sha256(lease.encode()).hexdigest()[:16]
@@ -674,22 +679,23 @@ class _EmbedRecorder(_Recorder):
         )
 
     def add(self, result: GenerationResult | EmbeddingResult) -> None:
-        request = self._submitted[int(result.request_id.rsplit(":", 1)[1])].items[0]
+        group = self._submitted[int(result.request_id.rsplit(":", 1)[1])]
         if result.latency_ms > 0:  # the engine ran it (not refused before submission)
             self._metrics.generation_duration.record(result.latency_ms / 1000.0, self._metric_attrs)
         if result.error_class is not None:
-            self._dead.append(
-                ledger.DeadItem(
-                    item_id=request.item_id,
-                    shard=self._input.shard,
-                    error_class=result.error_class,
-                    error_message=result.error_message or "",
-                    source=request.source,
+            for request in group.items:
+                self._dead.append(
+                    ledger.DeadItem(
+                        item_id=request.item_id,
+                        shard=self._input.shard,
+                        error_class=result.error_class,
+                        error_message=result.error_message or "",
+                        source=request.source,
+                    )
                 )
-            )
             return
         assert isinstance(result, EmbeddingResult)
-        self._embedded.append((request.item_id, result))
+        self._embedded.append((group, result))
 
     def _pending(self) -> int:
         return len(self._embedded) + len(self._dead)
@@ -702,22 +708,30 @@ class _EmbedRecorder(_Recorder):
             )
             self._flushes += 1
             offset = 0
-            for item_id, result in embedded:
+            for group, result in embedded:
                 size = sum(len(v) for v in result.vectors)
-                self._results.append(
-                    ledger.ItemResult(
-                        item_id=item_id,
-                        result={
-                            "vectors": uri,
-                            "offset": offset,
-                            "count": len(result.vectors),
-                            "dimensions": result.dimensions,
-                        },
-                        prompt_tokens=result.prompt_tokens,
-                        completion_tokens=0,
-                        latency_ms=result.latency_ms,
+                where = {
+                    "vectors": uri,
+                    "offset": offset,
+                    "count": len(result.vectors),
+                    "dimensions": result.dimensions,
+                }
+                # Repeats of one request point at the same vectors: staged once.
+                first = group.items[0].item_id
+                for n, request in enumerate(group.items):
+                    self._results.append(
+                        ledger.ItemResult(
+                            item_id=request.item_id,
+                            result=where,
+                            prompt_tokens=result.prompt_tokens,
+                            completion_tokens=0,
+                            latency_ms=result.latency_ms if n == 0 else 0.0,
+                            result_source=ResultSource.GENERATED
+                            if n == 0
+                            else ResultSource.DEDUPLICATED,
+                            shared_with=None if n == 0 else first,
+                        )
                     )
-                )
                 offset += size
             await self._ctx.write(uri, b"".join(v for _, r in embedded for v in r.vectors))
         await super().flush()

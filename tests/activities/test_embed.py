@@ -397,3 +397,32 @@ async def test_a_killed_embed_worker_re_embeds_only_what_was_in_flight(
         for line in part.read_text().splitlines()
     ]
     assert len(lines) == total and len(set(lines)) == total
+
+
+async def test_repeated_texts_are_embedded_once_and_every_row_gets_the_vector(
+    embed_worker: EmbedWorker, temporal_client: Client, tmp_path: Path
+) -> None:
+    # 120 rows over 8 distinct texts, in two shards: each text is embedded once in the
+    # job (one shard leads it, the other shares), and every row still gets its vector.
+    data = [
+        {"id": f"d{i:03d}", "title": f"Title {i % 8}", "body": f"body {i % 8}"} for i in range(120)
+    ]
+    spec = embed_spec(
+        write_rows(tmp_path / "rows.jsonl", data),
+        tmp_path / "out",
+        model=embed_worker.model,
+        shard_size=60,
+    )
+    handle, _ = await start_job(temporal_client, spec, settings=embed_worker.settings)
+    summary = await asyncio.wait_for(job_result(handle), 600)
+    assert (summary.items_succeeded, summary.items_dead) == (120, 0)
+    assert (summary.usage.generated, summary.usage.deduplicated) == (8, 112)
+    found = manifest(summary.manifest, embed_worker.settings)
+    out = [line for part in found["output_parts"] for line in jsonl(part)]
+    assert sorted(r["item_id"] for r in out) == [r["id"] for r in data]
+    title = {r["id"]: r["title"] for r in data}
+    by_text: dict[str, list[float]] = {}
+    for r in out:
+        vector = by_text.setdefault(title[r["item_id"]], r["embedding"])
+        assert len(r["embedding"]) == DIM and r["embedding"] == vector
+    assert len(by_text) == 8
