@@ -491,24 +491,31 @@ class _Recorder:
         )
         span.end()
 
-    def add(self, result: GenerationResult) -> None:
+    def _answered(self, result: GenerationResult | EmbeddingResult) -> _Group | None:
+        """The group ``result`` answers, or None when the engine refused it: then every
+        item of the group is dead (the same request fails the same way for each)."""
         group = self._submitted[int(result.request_id.rsplit(":", 1)[1])]
-        first = group.items[0]
         if result.latency_ms > 0:  # the engine ran it (not refused before submission)
             self._metrics.generation_duration.record(result.latency_ms / 1000.0, self._metric_attrs)
-        if result.error_class is not None:
-            # The same request fails the same way for every item that repeats it.
-            for request in group.items:
-                self._dead.append(
-                    ledger.DeadItem(
-                        item_id=request.item_id,
-                        shard=self._input.shard,
-                        error_class=result.error_class,
-                        error_message=result.error_message or "",
-                        source=request.source,
-                    )
+        if result.error_class is None:
+            return group
+        for request in group.items:
+            self._dead.append(
+                ledger.DeadItem(
+                    item_id=request.item_id,
+                    shard=self._input.shard,
+                    error_class=result.error_class,
+                    error_message=result.error_message or "",
+                    source=request.source,
                 )
+            )
+        return None
+
+    def add(self, result: GenerationResult) -> None:
+        group = self._answered(result)
+        if group is None:
             return
+        first = group.items[0]
         stored = _storable(
             {"text": result.text, "finish_reason": result.finish_reason, "parsed": result.parsed}
         )
@@ -679,20 +686,8 @@ class _EmbedRecorder(_Recorder):
         )
 
     def add(self, result: GenerationResult | EmbeddingResult) -> None:
-        group = self._submitted[int(result.request_id.rsplit(":", 1)[1])]
-        if result.latency_ms > 0:  # the engine ran it (not refused before submission)
-            self._metrics.generation_duration.record(result.latency_ms / 1000.0, self._metric_attrs)
-        if result.error_class is not None:
-            for request in group.items:
-                self._dead.append(
-                    ledger.DeadItem(
-                        item_id=request.item_id,
-                        shard=self._input.shard,
-                        error_class=result.error_class,
-                        error_message=result.error_message or "",
-                        source=request.source,
-                    )
-                )
+        group = self._answered(result)
+        if group is None:
             return
         assert isinstance(result, EmbeddingResult)
         self._embedded.append((group, result))
