@@ -18,6 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
+import asyncpg
 import pytest
 from temporalio.client import Client
 
@@ -41,6 +42,19 @@ ROWS, SHARD = 3000, 500
 DISTINCT = 500
 # gpu_worker_process: 2 shards at once, 2 x max_num_seqs (64) requests in flight each.
 IN_FLIGHT_WINDOW = 2 * 2 * 64
+
+
+async def settled_counts(pool: asyncpg.Pool, job_id: str) -> ledger.JobCounts:
+    """The job's counts once the killed worker's last statements are done: a flush the
+    worker sent just before it died still commits in Postgres, so the counts are read
+    until two reads a second apart agree (nothing else writes before the new worker)."""
+    counts = await ledger.job_counts(pool, job_id=job_id)
+    while True:
+        await asyncio.sleep(1.0)
+        again = await ledger.job_counts(pool, job_id=job_id)
+        if again == counts:
+            return counts
+        counts = again
 
 
 async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
@@ -74,7 +88,7 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
         await until_done(pool, spec.job_id, ROWS // 4, in_flight=True)
         os.killpg(first.pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        at_kill = await ledger.job_counts(pool, job_id=spec.job_id)
+        at_kill = await settled_counts(pool, spec.job_id)
         second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
         summary = await asyncio.wait_for(job_result(handle), 900)
         resumed_after = time.monotonic() - killed_at
