@@ -3,10 +3,7 @@ the job options that turn deduplication off and the cache on."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 import uuid
 
 import pytest
@@ -14,24 +11,9 @@ import pytest
 from llmbatch import ledger, result_cache
 from llmbatch.cli.options import JobOptions
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
+from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
-
-
-async def cli(settings: Settings, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "llmbatch.cli.main",
-        *args,
-        env={**os.environ, **settings_env(settings), "COLUMNS": "200"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 300)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_cache_stats_and_purge_by_model_and_age(stack: Settings) -> None:
