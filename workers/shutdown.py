@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from datetime import timedelta
 
 import asyncpg
 from botocore.exceptions import BotoCoreError
@@ -27,6 +28,10 @@ async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
             waiter.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+# How long the check at a clean stop waits for Temporal.
+HEALTH_TIMEOUT = timedelta(seconds=5)
 
 
 class ConnectionLost(RuntimeError):
@@ -82,3 +87,18 @@ async def serve(
         raise ConnectionLost(
             f"{name} stopped: its Temporal worker failed: {one_line(exc.__cause__ or exc)}"
         ) from exc
+    # A stop while Temporal is gone can still end cleanly: the SDK retries failed polls
+    # for a while and a shutdown in that window raises nothing. Ask Temporal once, so
+    # the exit code says whether the worker could hand its work back, whatever the timing.
+    try:
+        healthy = await worker.client.service_client.check_health(timeout=HEALTH_TIMEOUT)
+    except Exception as exc:
+        raise ConnectionLost(
+            f"{name} stopped: Temporal at {worker.client.service_client.config.target_host}"
+            f" is unreachable: {one_line(exc)}"
+        ) from exc
+    if not healthy:
+        raise ConnectionLost(
+            f"{name} stopped: Temporal at {worker.client.service_client.config.target_host}"
+            " does not serve its workflow service"
+        )
