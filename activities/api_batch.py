@@ -8,6 +8,7 @@ import contextlib
 import json
 import tempfile
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +27,7 @@ from llmbatch.contract.messages import (
 from llmbatch.contract.names import FINISH_API_BATCH, SET_API_BATCH_STATUS
 from llmbatch.contract.spec import ApiEndpoint, JobSpec
 from llmbatch.contract.states import BatchStatus, ErrorClass, ItemStatus
+from llmbatch.vectors import read_vectors
 
 # Custom ids looked up in the ledger per query while the files are assembled: memory
 # stays bounded by this, whatever the batch's size.
@@ -129,11 +131,18 @@ class ApiBatchActivities:
                 chunk = await asyncio.to_thread(_take, ids, LOOKUP_BATCH)
                 if not chunk:
                     break
-                rows = await ledger.items_by_id(self._ctx.pool, job_id=spec.job_id, item_ids=chunk)
+                rows = await ledger.items_by_id(
+                    self._ctx.pool, job_id=spec.job_id, item_ids=[r.custom_id for r in chunk]
+                )
+                # An embeddings batch's vectors are staged objects: this chunk's only.
+                vectors = await read_vectors(self._ctx.read, rows.values())
                 lines_out: list[dict[str, Any]] = []
                 lines_err: list[dict[str, Any]] = []
-                for custom_id in chunk:
-                    line, ok = _line(spec, input.status, custom_id, rows.get(custom_id))
+                for request in chunk:
+                    custom_id = request.custom_id
+                    line, ok = _line(
+                        spec, input.status, request, rows.get(custom_id), vectors.get(custom_id)
+                    )
                     (lines_out if ok else lines_err).append(line)
                     if ok:
                         row = rows[custom_id]
@@ -167,8 +176,18 @@ class ApiBatchActivities:
         )
 
 
-def _custom_ids(ctx: ActivityContext, spec: JobSpec) -> Generator[str, None, None]:
-    """Every custom_id of the batch's input, in order (the input passed validation)."""
+@dataclass(frozen=True)
+class _Request:
+    """What the files need of an input line besides the ledger: its custom_id and, for
+    /v1/embeddings, the encoding its vectors are written in."""
+
+    custom_id: str
+    encoding: str = "float"
+
+
+def _custom_ids(ctx: ActivityContext, spec: JobSpec) -> Generator[_Request, None, None]:
+    """Every request of the batch's input, in order (the input passed validation)."""
+    embeddings = spec.endpoint is ApiEndpoint.EMBEDDINGS
     for uri in spec.inputs:
         for obj in ctx.store(uri).list(uri):
             lines = formats.iter_lines(ctx.store(obj.uri), obj.uri, max_bytes=spec.max_row_bytes)
@@ -176,11 +195,18 @@ def _custom_ids(ctx: ActivityContext, spec: JobSpec) -> Generator[str, None, Non
                 for _, data in lines:
                     if data is None:
                         raise ValueError(f"{obj.uri}: a line is longer than the validated limit")
-                    yield str(json.loads(data)["custom_id"])
+                    line = json.loads(data)
+                    request = _Request(str(line["custom_id"]))
+                    if embeddings:
+                        # A line whose format is bad died at render: it gets an error line.
+                        with contextlib.suppress(openai_batch.InvalidRequest):
+                            encoding = openai_batch.encoding_format(line["body"])
+                            request = _Request(request.custom_id, encoding)
+                    yield request
 
 
-def _take(ids: Iterator[str], n: int) -> list[str]:
-    chunk: list[str] = []
+def _take(ids: Iterator[_Request], n: int) -> list[_Request]:
+    chunk: list[_Request] = []
     for custom_id in ids:
         chunk.append(custom_id)
         if len(chunk) == n:
@@ -193,24 +219,17 @@ def _write_lines(f: IO[bytes], lines: list[dict[str, Any]]) -> None:
 
 
 def _line(
-    spec: JobSpec, ending: BatchStatus, custom_id: str, row: ledger.LedgerRow | None
+    spec: JobSpec,
+    ending: BatchStatus,
+    request: _Request,
+    row: ledger.LedgerRow | None,
+    vectors: list[bytes] | None,
 ) -> tuple[dict[str, Any], bool]:
     """The output line (True) or error line (False) of one request."""
     assert spec.api_batch is not None
+    custom_id = request.custom_id
     if row is not None and row.status is ItemStatus.SUCCEEDED:
-        result = row.result or {}
-        line = openai_batch.output_line(
-            job_id=spec.job_id,
-            custom_id=custom_id,
-            model=spec.model,
-            text=result.get("text") or "",
-            finish_reason=result.get("finish_reason"),
-            prompt_tokens=row.prompt_tokens or 0,
-            completion_tokens=row.completion_tokens or 0,
-            created=int(row.finished_at.timestamp()) if row.finished_at else 0,
-            endpoint=ApiEndpoint(spec.api_batch.endpoint),
-        )
-        return line, True
+        return _output_line(spec, request, row, vectors), True
     if row is not None and row.status is ItemStatus.DEAD:
         if row.error_class in _CODES:
             code, message = _CODES[row.error_class]
@@ -228,3 +247,31 @@ def _line(
     return openai_batch.error_line(
         job_id=spec.job_id, custom_id=custom_id, code=code, message=message
     ), False
+
+
+def _output_line(
+    spec: JobSpec, request: _Request, row: ledger.LedgerRow, vectors: list[bytes] | None
+) -> dict[str, Any]:
+    """A succeeded request's output line: OpenAI's embedding list, or its completion."""
+    assert spec.api_batch is not None
+    if spec.endpoint is ApiEndpoint.EMBEDDINGS:
+        return openai_batch.embedding_output_line(
+            job_id=spec.job_id,
+            custom_id=request.custom_id,
+            model=spec.model,
+            vectors=vectors or [],
+            encoding=request.encoding,
+            prompt_tokens=row.prompt_tokens or 0,
+        )
+    result = row.result or {}
+    return openai_batch.output_line(
+        job_id=spec.job_id,
+        custom_id=request.custom_id,
+        model=spec.model,
+        text=result.get("text") or "",
+        finish_reason=result.get("finish_reason"),
+        prompt_tokens=row.prompt_tokens or 0,
+        completion_tokens=row.completion_tokens or 0,
+        created=int(row.finished_at.timestamp()) if row.finished_at else 0,
+        endpoint=ApiEndpoint(spec.api_batch.endpoint),
+    )

@@ -41,6 +41,7 @@ from llmbatch.engine import (
     GenerationResult,
 )
 from llmbatch.records import StagedRequest, load_jsonl
+from llmbatch.vectors import StagedVectors
 
 log = logging.getLogger(__name__)
 
@@ -705,12 +706,12 @@ class _EmbedRecorder(_Recorder):
             offset = 0
             for group, result in embedded:
                 size = sum(len(v) for v in result.vectors)
-                where = {
-                    "vectors": uri,
-                    "offset": offset,
-                    "count": len(result.vectors),
-                    "dimensions": result.dimensions,
-                }
+                where = StagedVectors(
+                    vectors=uri,
+                    offset=offset,
+                    count=len(result.vectors),
+                    dimensions=result.dimensions,
+                ).model_dump()
                 # Repeats of one request point at the same vectors: staged once.
                 first = group.items[0].item_id
                 for n, request in enumerate(group.items):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import array
 import asyncio
-import sys
+import logging
 from typing import Any
 
 import pyarrow as pa
@@ -12,12 +11,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import formats, ledger, openai_batch, telemetry
+from llmbatch import formats, ledger, openai_batch, storage, telemetry
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task
 from llmbatch.contract.states import TERMINAL_STATUSES, ItemStatus
 from llmbatch.records import StagedRow, load_jsonl
+from llmbatch.vectors import StagedVectors, Vectors, floats, read_vectors
+
+log = logging.getLogger(__name__)
 
 
 class WriteActivities:
@@ -62,7 +64,7 @@ class WriteActivities:
 
         if spec.task is Task.EMBED:
             # Bounded memory: only this shard's vectors are read, object by object.
-            vectors = await _read_vectors(self._ctx, entries)
+            vectors = await read_vectors(self._ctx.read, entries)
             if layout.input_format is InputFormat.OPENAI:
                 out_rows, err_rows = _openai_embedding_lines(spec, entries, rows, vectors)
                 part = layout.output_part(shard, "jsonl")
@@ -84,6 +86,8 @@ class WriteActivities:
             else:
                 part = layout.output_part(shard, "jsonl")
                 await self._ctx.write(part, formats.write_jsonl(out))
+        if spec.task is Task.EMBED:
+            await _sweep_vectors(self._ctx, layout.vectors_folder(shard), entries)
         summary.output_parts.append(part)
         errors = layout.error_part(shard)
         if err_rows:
@@ -94,6 +98,34 @@ class WriteActivities:
             store = self._ctx.store(errors)
             await asyncio.to_thread(store.delete_prefix, errors)
         return summary
+
+
+async def _sweep_vectors(ctx: ActivityContext, folder: str, entries: list[ledger.LedgerRow]) -> int:
+    """Delete the shard's vector objects that none of its items points to: those of
+    attempts that crashed or were superseded between writing an object and recording
+    it (their items were embedded again). Return how many went.
+
+    Only this shard's items can point here (a repeat in another shard copies the
+    pointer of its lead, which is in this shard and stays), and every item is
+    finished, so no live attempt is about to record an object. Objects are compared
+    by name: the folder is the shard's, and names are unique per attempt and flush.
+    """
+    kept = set()
+    for e in entries:
+        staged = StagedVectors.of(e.result)
+        if staged is not None:
+            kept.add(staged.vectors.rsplit("/", 1)[-1])
+    store = ctx.store(folder)
+    try:
+        objects = await asyncio.to_thread(store.list, folder)
+    except storage.InputNotFound:
+        return 0  # nothing was embedded (every item died)
+    stray = [o.uri for o in objects if o.uri.rsplit("/", 1)[-1] not in kept]
+    for uri in stray:
+        await asyncio.to_thread(store.delete_prefix, uri)
+    if stray:
+        log.info("deleted %d vector objects no item points to under %s", len(stray), folder)
+    return len(stray)
 
 
 def _error_line(entry: ledger.LedgerRow) -> dict[str, Any]:
@@ -168,38 +200,6 @@ def _openai_lines(
     return out, errors
 
 
-# An item's vectors: each one's float32 bytes (little-endian, as staged).
-Vectors = dict[str, list[bytes]]
-
-
-async def _read_vectors(ctx: ActivityContext, entries: list[ledger.LedgerRow]) -> Vectors:
-    """Each succeeded item's vectors, from the objects the ledger points to (each read
-    once; a shard's items point to a few objects of up to a flush's worth each)."""
-    by_object: dict[str, list[ledger.LedgerRow]] = {}
-    for e in entries:
-        if e.status is ItemStatus.SUCCEEDED and e.result and "vectors" in e.result:
-            by_object.setdefault(e.result["vectors"], []).append(e)
-    out: Vectors = {}
-    for uri, items in by_object.items():
-        data = await ctx.read(uri)
-        for e in items:
-            result = e.result or {}
-            size = 4 * int(result["dimensions"])
-            start = int(result["offset"])
-            out[e.item_id] = [
-                data[start + i * size : start + (i + 1) * size] for i in range(int(result["count"]))
-            ]
-    return out
-
-
-def _floats(vector: bytes) -> list[float]:
-    values = array.array("f")
-    values.frombytes(vector)
-    if sys.byteorder != "little":  # staged little-endian, whatever the machine
-        values.byteswap()
-    return values.tolist()
-
-
 def _embedding_part(
     spec: JobSpec,
     entries: list[ledger.LedgerRow],
@@ -229,7 +229,7 @@ def _embedding_part(
     own = [vectors.get(e.item_id, [b""])[0] or None for e in entries]
     if spec.output_format is OutputFormat.JSONL:
         for row, vector in zip(out, own, strict=True):
-            row["embedding"] = None if vector is None else _floats(vector)
+            row["embedding"] = None if vector is None else floats(vector)
         return formats.write_jsonl(out)
     # Parquet: the input fields as columns of their own, beside the vector column.
     flat = [{"item_id": r.pop("item_id"), **r.pop("input"), **r} for r in out]
@@ -251,7 +251,7 @@ def _vector_column(vectors: list[bytes | None]) -> pa.Array:
             values, size, mask=pa.array([not ok for ok in valid])
         )
     return pa.array(
-        [None if v is None else _floats(v) for v in vectors], type=pa.list_(pa.float32())
+        [None if v is None else floats(v) for v in vectors], type=pa.list_(pa.float32())
     )
 
 
@@ -274,7 +274,7 @@ def _openai_embedding_lines(
                     job_id=spec.job_id,
                     custom_id=e.item_id,
                     model=spec.model,
-                    vectors=own if encoding == "base64" else [_floats(v) for v in own],
+                    vectors=own,
                     encoding=encoding,
                     prompt_tokens=e.prompt_tokens or 0,
                 )

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmbatch.config import model_identity
 from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
+from llmbatch.vectors import floats
 
 CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
 COMPLETIONS_URL = ApiEndpoint.COMPLETIONS.value
@@ -504,23 +505,22 @@ def embedding_output_line(
     job_id: str,
     custom_id: str,
     model: str,
-    vectors: list[list[float]] | list[bytes],
+    vectors: list[bytes],
     encoding: str,
     prompt_tokens: int,
 ) -> dict[str, Any]:
-    """A succeeded /v1/embeddings request, as the OpenAI Batch API writes it. With
-    ``encoding`` base64, ``vectors`` are the little-endian float32 bytes of each."""
+    """A succeeded /v1/embeddings request, as the OpenAI Batch API writes it.
+    ``vectors`` are each input's little-endian float32 bytes, as staged; ``encoding``
+    is the line's ``encoding_format`` (float arrays, or those bytes in base64)."""
     key = _short_hash(job_id, custom_id)
     data = [
         {
             "object": "embedding",
-            "embedding": base64.b64encode(v).decode() if isinstance(v, bytes) else v,
+            "embedding": base64.b64encode(v).decode() if encoding == "base64" else floats(v),
             "index": index,
         }
         for index, v in enumerate(vectors)
     ]
-    if encoding != "base64" and any(isinstance(v, bytes) for v in vectors):
-        raise ValueError("float encoding wants lists of floats")
     return {
         "id": f"batch_req_{key}",
         "custom_id": custom_id,

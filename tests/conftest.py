@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures.workers",
     "tests.fixtures.tls",
     "tests.fixtures.api_server",
+    "tests.fixtures.embed_worker",
 ]

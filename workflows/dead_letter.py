@@ -126,10 +126,10 @@ class DeadLetterWorkflow:
             )
         if request.sampling:
             try:
-                self._input.spec.sampling.with_overrides(request.sampling)
+                self._input.spec.options_with(request.sampling)
             except ValidationError as exc:
                 raise ApplicationError(
-                    f"invalid sampling for the re-drive: {_first_error(exc)}",
+                    f"invalid options for the re-drive: {_first_error(exc)}",
                     type=FailureType.INVALID_REDRIVE,
                 ) from None
 

@@ -65,19 +65,6 @@ class CreateBatch(BaseModel):
     completion_window: str
     metadata: dict[str, str] | None = None
 
-    @field_validator("endpoint")
-    @classmethod
-    def _served_endpoint(cls, value: ApiEndpoint) -> ApiEndpoint:
-        # Embed jobs run (llm-batch submit --task embed), but a batch's single output
-        # file is not yet assembled from their staged vectors: refuse rather than
-        # answer with empty embeddings.
-        if value is ApiEndpoint.EMBEDDINGS:
-            raise ValueError(
-                "/v1/embeddings batches are not served by the API yet; submit the file "
-                "with `llm-batch submit --task embed`"
-            )
-        return value
-
     @field_validator("completion_window")
     @classmethod
     def _window(cls, value: str) -> str:

@@ -42,7 +42,11 @@ def redrive_command(
     ] = None,
     settings_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Sampling field for the re-drive, key=value; repeat."),
+        typer.Option(
+            "--set",
+            help="Sampling field (an embed job's: embed option) for the re-drive, "
+            "key=value; repeat.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:

@@ -59,7 +59,8 @@ class RequeueResult(BaseModel):
 
 class RedriveRequest(BaseModel):
     """What to re-drive: all dead items, or those with the given ids or error classes;
-    ``sampling`` replaces sampling fields for them (e.g. a larger max_tokens)."""
+    ``sampling`` replaces sampling fields for them (e.g. a larger max_tokens), or,
+    for an embed job, embed options (truncate_prompt_tokens, normalize, dimensions)."""
 
     item_ids: list[str] | None = None
     error_classes: list[ErrorClass] | None = None

@@ -123,7 +123,10 @@ class JobLayout(BaseModel):
         """An object of an embed job's vectors. Not under staging (which goes when the
         job ends): the ledger points here, and a re-drive rewrites a shard's output
         from it."""
-        return f"{self.output_root}/_vectors/shard-{shard:05d}/{name}.f32"
+        return f"{self.vectors_folder(shard)}/{name}.f32"
+
+    def vectors_folder(self, shard: int) -> str:
+        return f"{self.output_root}/_vectors/shard-{shard:05d}"
 
     def error_part(self, shard: int) -> str:
         return f"{self.output_root}/errors/part-{shard:05d}.jsonl"

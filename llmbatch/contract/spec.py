@@ -151,12 +151,12 @@ class EmbedSpec(_Strict):
     )
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> EmbedSpec:
-        """These options with the ``overrides`` that are embed options (a re-drive's
-        ``--set truncate_prompt_tokens=N``) put over them; other keys are ignored."""
-        own = {k: v for k, v in overrides.items() if k in EmbedSpec.model_fields}
-        if not own:
+        """These options with ``overrides`` (a re-drive's ``--set
+        truncate_prompt_tokens=N``, ``normalize=false``, ``dimensions=64``) put over
+        them, validated as a whole: an unknown field raises ``ValidationError``."""
+        if not overrides:
             return self
-        return EmbedSpec.model_validate({**self.model_dump(), **own})
+        return EmbedSpec.model_validate({**self.model_dump(), **overrides})
 
 
 class RetrySpec(_Strict):
@@ -324,6 +324,14 @@ class JobSpec(_Strict):
     def embed_options(self) -> EmbedSpec:
         """The embed options in force (the defaults when none were given)."""
         return self.embedding or EmbedSpec()
+
+    def options_with(self, overrides: Mapping[str, Any]) -> SamplingSpec | EmbedSpec:
+        """The options of the job's task (sampling, or an embed job's embed options)
+        with a re-drive's ``overrides`` over them; an option the task does not have
+        raises ``ValidationError``."""
+        if self.task is Task.EMBED:
+            return self.embed_options.with_overrides(overrides)
+        return self.sampling.with_overrides(overrides)
 
     @property
     def endpoint(self) -> ApiEndpoint:

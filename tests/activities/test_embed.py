@@ -2,15 +2,14 @@
 tiny model), the session's stack and CPU worker, vectors checked against vLLM's own
 ``LLM.embed`` run in a subprocess of its own (two engines in one process fight).
 
-One embedding worker serves the whole module (an engine load is the expensive part);
-the SIGKILL test, last, kills it and starts its successor.
+One embedding worker serves the whole module (tests/fixtures/embed_worker.py); the
+SIGKILL test, last, kills it and starts its successor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import math
 import os
@@ -18,15 +17,13 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import pytest_asyncio
 from temporalio.client import Client
 
 from llmbatch import ledger, storage
@@ -34,26 +31,13 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.spec import EmbedSpec, JobSpec, OutputFormat, Task
-from llmbatch.demo import wait_for_pollers
-from tests.fixtures.worker_processes import (
-    gpu_worker_process,
-    job_result,
-    signal_group,
-    stop_worker,
-    until_done,
-)
+from tests.fixtures.embed_worker import DIM, HF_OVERRIDES, EmbedWorker
+from tests.fixtures.worker_processes import job_result, stop_worker, until_done
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
 
-# The tiny model is no Matryoshka model; this makes vLLM treat it as one with these
-# sizes, so `dimensions` is honoured (32) and refused (48) by the same engine. A
-# model without Matryoshka sizes refuses every `dimensions` the same way (vLLM's
-# check, dead-lettered as InvalidRequest).
-HF_OVERRIDES = '{"matryoshka_dimensions": [32, 64, 128]}'
-EMBED_ARGS = ("--task", "embed", "--convert", "embed", "--hf-overrides", HF_OVERRIDES)
 TEXT = "{{ title }}: {{ body }}"
-DIM = 128
 
 
 def rows(n: int) -> list[dict[str, Any]]:
@@ -84,46 +68,6 @@ for name, params in {"default": PoolingParams(),
     out[name] = [o.outputs.embedding for o in outputs]
 print("REFERENCE " + json.dumps(out))
 """
-
-
-@dataclass
-class EmbedWorker:
-    settings: Settings
-    model: str
-    log_dir: Path
-    proc: subprocess.Popen[bytes]
-    starts: int = 1
-
-    def restart(self) -> None:
-        self.starts += 1
-        self.proc = gpu_worker_process(
-            self.settings, self.model, self.log_dir / f"embed-{self.starts}.log", *EMBED_ARGS
-        )
-
-
-@pytest_asyncio.fixture(scope="module")
-async def embed_worker(
-    workers: Settings,
-    temporal_client: Client,
-    model_name: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[EmbedWorker]:
-    log_dir = tmp_path_factory.mktemp("embed-worker")
-    proc = gpu_worker_process(workers, model_name, log_dir / "embed-1.log", *EMBED_ARGS)
-    worker = EmbedWorker(workers, model_name, log_dir, proc)
-    try:
-        await wait_for_pollers(
-            temporal_client,
-            [workers.gpu_task_queue(model_name, Task.EMBED)],
-            procs=[proc],
-            within_s=300,
-        )
-        yield worker
-    finally:
-        # Nothing left to finish gracefully: a kill spares the module the drain's wait.
-        with contextlib.suppress(ProcessLookupError):
-            signal_group(worker.proc, signal.SIGKILL)
-        stop_worker(worker.proc)
 
 
 @pytest.fixture(scope="module")
@@ -286,24 +230,38 @@ async def test_an_over_long_text_is_dead_lettered_then_redriven_with_truncation(
     assert (entry.item_id, entry.error_class) == (data[7]["id"], "PromptTooLong")
     assert entry.source is not None and entry.source.endswith(":line 8")  # its line
 
+    # What a crashed attempt leaves: an object written, never recorded. Writing the
+    # shard again (the re-drive does) deletes it, and only it.
+    folder = Path(summary.manifest.removeprefix("file://")).parent / "_vectors"
+    (shard_folder,) = folder.iterdir()
+    recorded = sorted(p.name for p in shard_folder.iterdir())
+    (shard_folder / "crashed-attempt-00000.f32").write_bytes(b"\0" * 4 * DIM)
+
+    # A sampling option means nothing to an embed job: refused, naming it.
+    code, out, err = await cli(settings, "dlq", "redrive", spec.job_id, "--set", "temperature=1")
+    assert code != 0 and "temperature" in err, (out, err)
+
+    # Every embed option can be set for the re-drive, not only the truncation.
+    sets = ["truncate_prompt_tokens=100", "normalize=false", "dimensions=32"]
     code, out, err = await cli(
-        settings,
-        "dlq",
-        "redrive",
-        spec.job_id,
-        "--set",
-        "truncate_prompt_tokens=100",
-        "--json",
+        settings, "dlq", "redrive", spec.job_id, *[a for s in sets for a in ("--set", s)], "--json"
     )
     assert code == 0, err
     assert (json.loads(out)["succeeded"], json.loads(out)["dead"]) == (1, 0)
     found = manifest(summary.manifest, settings)
-    assert found["embeddings"] == {"count": 20, "dimensions": DIM}
+    assert found["embeddings"]["count"] == 20
     lines = [r for part in found["output_parts"] for r in jsonl(part)]
     assert sorted(r["item_id"] for r in lines) == sorted(r["id"] for r in data)
     (long_row,) = [r for r in lines if r["item_id"] == data[7]["id"]]
-    assert long_row["error"] is None and len(long_row["embedding"]) == DIM
-    assert long_row["prompt_tokens"] == 100
+    assert long_row["error"] is None and long_row["prompt_tokens"] == 100
+    assert len(long_row["embedding"]) == 32
+    assert abs(norm(long_row["embedding"]) - 1.0) > 1e-2  # not normalized
+    # The rest kept the job's own options.
+    assert all(len(r["embedding"]) == DIM for r in lines if r is not long_row)
+    # The stray went; what the items point to (the re-drive's object too) stayed.
+    after = sorted(p.name for p in shard_folder.iterdir())
+    assert "crashed-attempt-00000.f32" not in after
+    assert set(recorded) < set(after) and len(after) == len(recorded) + 1
 
 
 async def test_openai_embeddings_lines_run_through_submit(

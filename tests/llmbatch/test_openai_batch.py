@@ -334,3 +334,8 @@ def test_embedding_output_lines_have_the_openai_shape() -> None:
     assert body["object"] == "list" and body["model"] == "m"
     assert body["data"] == [{"object": "embedding", "embedding": "AACAPw==", "index": 0}]
     assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    as_floats = embedding_output_line(
+        job_id="j", custom_id="e", model="m", vectors=[b"\x00\x00\x80\x3f"], encoding="float",
+        prompt_tokens=3,
+    )  # fmt: skip
+    assert as_floats["response"]["body"]["data"][0]["embedding"] == [1.0]

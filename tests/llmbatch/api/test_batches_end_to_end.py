@@ -10,9 +10,6 @@ llm-batch sees a batch as a job) with some requests done and some not.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable
-from typing import Any
 
 import openai
 import pytest
@@ -22,42 +19,11 @@ from temporalio.client import Client
 from llmbatch.contract.messages import JobControlState
 from llmbatch.contract.names import PAUSE_UPDATE
 from tests.fixtures.api_server import ApiServer, Keys
-from tests.llmbatch.api.helpers import request_line
+from tests.llmbatch.api.helpers import jsonl, lines_of, new_client, request_line, until
 
 pytestmark = pytest.mark.slow
 
-GUARD_S = 300.0
-POLL_S = 0.25
 CHAT = "/v1/chat/completions"
-
-
-async def until(client: openai.AsyncOpenAI, batch_id: str, done: Callable[[Batch], bool]) -> Batch:
-    """Poll the batch until ``done`` holds (a guard ends a hung test, nothing else)."""
-    for _ in range(int(GUARD_S / POLL_S)):
-        batch = await client.batches.retrieve(batch_id)
-        if done(batch):
-            return batch
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"batch {batch_id} never got there: {batch}")
-
-
-async def lines_of(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    meta = await client.files.retrieve(file_id)
-    assert meta.purpose == "batch_output"
-    data = await (await client.files.content(file_id)).aread()
-    assert len(data) == meta.bytes
-    return [json.loads(line) for line in data.splitlines()]
-
-
-def jsonl(lines: list[Any]) -> bytes:
-    return b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines)
-
-
-async def new_client(api_server: ApiServer, api_keys: Keys) -> tuple[openai.AsyncOpenAI, str]:
-    key = await api_keys.new()
-    return openai.AsyncOpenAI(base_url=api_server.base_url, api_key=key, max_retries=0), key
 
 
 async def test_a_batch_completes_and_its_files_answer_every_request_by_custom_id(

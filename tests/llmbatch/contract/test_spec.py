@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from temporalio.common import Priority
 
 from llmbatch.contract.priority import describe, task_priority
-from llmbatch.contract.spec import JobSpec, SamplingSpec
+from llmbatch.contract.spec import EmbedSpec, JobSpec, SamplingSpec
 
 
 def spec(**overrides: Any) -> JobSpec:
@@ -175,3 +175,15 @@ def test_embed_options_on_a_generate_job_are_refused_naming_the_field(
 ) -> None:
     with pytest.raises(ValidationError, match=field):
         spec(**overrides)
+
+
+def test_a_redrive_overrides_the_options_of_the_jobs_own_task() -> None:
+    options = embed(embedding={"dimensions": 64}).options_with(
+        {"normalize": False, "truncate_prompt_tokens": 8}
+    )
+    assert options == EmbedSpec(dimensions=64, normalize=False, truncate_prompt_tokens=8)
+    assert spec().options_with({"max_tokens": 5}) == SamplingSpec(max_tokens=5)
+    with pytest.raises(ValidationError, match="temperature"):
+        embed().options_with({"temperature": 1})
+    with pytest.raises(ValidationError, match="normalize"):
+        spec().options_with({"normalize": False})
