@@ -33,20 +33,11 @@ from llmbatch.vectors import read_vectors
 # stays bounded by this, whatever the batch's size.
 LOOKUP_BATCH = 1000
 
-# How a request that never ran is written to the error file, by how the batch ended.
-_UNFINISHED: dict[BatchStatus, tuple[ErrorClass, str, str]] = {
-    BatchStatus.EXPIRED: (
-        ErrorClass.BATCH_EXPIRED,
-        openai_batch.BATCH_EXPIRED,
-        openai_batch.BATCH_EXPIRED_MESSAGE,
-    ),
-    BatchStatus.CANCELLED: (
-        ErrorClass.BATCH_CANCELLED,
-        openai_batch.BATCH_CANCELLED,
-        openai_batch.BATCH_CANCELLED_MESSAGE,
-    ),
+# The error class of the requests a batch did not finish, by how the batch ended.
+_UNFINISHED: dict[BatchStatus, ErrorClass] = {
+    BatchStatus.EXPIRED: ErrorClass.BATCH_EXPIRED,
+    BatchStatus.CANCELLED: ErrorClass.BATCH_CANCELLED,
 }
-_CODES = {error_class: (code, message) for error_class, code, message in _UNFINISHED.values()}
 
 
 class ApiBatchActivities:
@@ -77,9 +68,9 @@ class ApiBatchActivities:
         job_id = spec.job_id
         if await api_records.batch_status(pool, batch_id=job_id) in api_records.FINAL_STATUSES:
             return await self._counts(job_id)  # a retry of a call that got through
-        unfinished = _UNFINISHED.get(input.status)
-        if unfinished is not None:
-            error_class, _, message = unfinished
+        error_class = _UNFINISHED.get(input.status)
+        if error_class is not None:
+            _, message = openai_batch.NEVER_RAN[error_class]
             for shard in await ledger.planned_shards(pool, job_id=job_id):
                 # Also stands in for the rows of shards that never started, so the
                 # job's counts hold every request.
@@ -231,21 +222,21 @@ def _line(
     if row is not None and row.status is ItemStatus.SUCCEEDED:
         return _output_line(spec, request, row, vectors), True
     if row is not None and row.status is ItemStatus.DEAD:
-        if row.error_class in _CODES:
-            code, message = _CODES[row.error_class]
-        else:
-            code = str(row.error_class or "error")
-            message = (
-                f"{row.error_message} ({row.source})" if row.source else str(row.error_message)
-            )
-        return openai_batch.error_line(
-            job_id=spec.job_id, custom_id=custom_id, code=code, message=message
+        return openai_batch.dead_line(
+            job_id=spec.job_id,
+            custom_id=custom_id,
+            error_class=row.error_class,
+            message=row.error_message,
+            source=row.source,
         ), False
     # Never registered (its shard never read it) or, rarely, registered after the
     # batch's unfinished requests were stopped: it did not run.
-    _, code, message = _UNFINISHED.get(ending, _UNFINISHED[BatchStatus.CANCELLED])
-    return openai_batch.error_line(
-        job_id=spec.job_id, custom_id=custom_id, code=code, message=message
+    return openai_batch.dead_line(
+        job_id=spec.job_id,
+        custom_id=custom_id,
+        error_class=_UNFINISHED.get(ending, ErrorClass.BATCH_CANCELLED),
+        message=None,
+        source=None,
     ), False
 
 

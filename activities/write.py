@@ -128,6 +128,17 @@ async def _sweep_vectors(ctx: ActivityContext, folder: str, entries: list[ledger
     return len(stray)
 
 
+def _dead_line(spec: JobSpec, entry: ledger.LedgerRow) -> dict[str, Any]:
+    """A dead item of OpenAI batch input, as the error file's line."""
+    return openai_batch.dead_line(
+        job_id=spec.job_id,
+        custom_id=entry.item_id,
+        error_class=entry.error_class,
+        message=entry.error_message,
+        source=entry.source,
+    )
+
+
 def _error_line(entry: ledger.LedgerRow) -> dict[str, Any]:
     return {
         "item_id": entry.item_id,
@@ -189,14 +200,7 @@ def _openai_lines(
                 )
             )
         else:
-            errors.append(
-                openai_batch.error_line(
-                    job_id=spec.job_id,
-                    custom_id=e.item_id,
-                    code=e.error_class or "error",
-                    message=f"{e.error_message} ({e.source})",
-                )
-            )
+            errors.append(_dead_line(spec, e))
     return out, errors
 
 
@@ -280,12 +284,5 @@ def _openai_embedding_lines(
                 )
             )
         else:
-            errors.append(
-                openai_batch.error_line(
-                    job_id=spec.job_id,
-                    custom_id=e.item_id,
-                    code=e.error_class or "error",
-                    message=f"{e.error_message} ({e.source})",
-                )
-            )
+            errors.append(_dead_line(spec, e))
     return out, errors

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmbatch.config import model_identity
 from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
+from llmbatch.contract.states import ErrorClass
 from llmbatch.vectors import floats
 
 CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
@@ -363,6 +364,25 @@ def error_line(*, job_id: str, custom_id: str, code: str, message: str) -> dict[
     }
 
 
+def dead_line(
+    *,
+    job_id: str,
+    custom_id: str,
+    error_class: ErrorClass | None,
+    message: str | None,
+    source: str | None,
+) -> dict[str, Any]:
+    """A dead request's error-file line: OpenAI's code and message for one that never
+    ran (its batch expired or was cancelled), else its error class and message, with
+    the input line it came from."""
+    if error_class in NEVER_RAN:
+        code, text = NEVER_RAN[error_class]
+    else:
+        code = str(error_class or "error")
+        text = f"{message} ({source})" if source else str(message)
+    return error_line(job_id=job_id, custom_id=custom_id, code=code, message=text)
+
+
 # --- validation of a whole batch file (the OpenAI Batch API's "validating") ------------
 
 # Codes of a batch's ``errors.data`` entries, as OpenAI's Batch API names them.
@@ -384,6 +404,11 @@ BATCH_EXPIRED = "batch_expired"
 BATCH_EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 BATCH_CANCELLED = "batch_cancelled"
 BATCH_CANCELLED_MESSAGE = "This request was not executed because the batch was cancelled."
+# The error classes of requests that never ran, as OpenAI's codes and messages.
+NEVER_RAN: dict[ErrorClass, tuple[str, str]] = {
+    ErrorClass.BATCH_EXPIRED: (BATCH_EXPIRED, BATCH_EXPIRED_MESSAGE),
+    ErrorClass.BATCH_CANCELLED: (BATCH_CANCELLED, BATCH_CANCELLED_MESSAGE),
+}
 
 # A failed batch keeps at most this many error entries (the first ones, by line): one
 # systematic fault would otherwise give a million entries.

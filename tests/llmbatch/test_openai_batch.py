@@ -6,13 +6,17 @@ from typing import Any
 import pytest
 
 from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
+from llmbatch.contract.states import ErrorClass
 from llmbatch.openai_batch import (
+    BATCH_EXPIRED,
+    BATCH_EXPIRED_MESSAGE,
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     BatchValidator,
     InvalidRequest,
     ParsedRequest,
     UnsupportedParameter,
     WrongTask,
+    dead_line,
     embedding_output_line,
     error_line,
     output_line,
@@ -339,3 +343,22 @@ def test_embedding_output_lines_have_the_openai_shape() -> None:
         prompt_tokens=3,
     )  # fmt: skip
     assert as_floats["response"]["body"]["data"][0]["embedding"] == [1.0]
+
+
+def test_a_dead_request_that_never_ran_gets_openais_code_the_rest_their_class() -> None:
+    expired = dead_line(
+        job_id="j", custom_id="a", error_class=ErrorClass.BATCH_EXPIRED, message=None, source=None
+    )
+    assert expired["error"] == {"code": BATCH_EXPIRED, "message": BATCH_EXPIRED_MESSAGE}
+    failed = dead_line(
+        job_id="j",
+        custom_id="b",
+        error_class=ErrorClass.PROMPT_TOO_LONG,
+        message="too long",
+        source="s3://b/in.jsonl:line 3",
+    )
+    assert failed["response"] is None and failed["custom_id"] == "b"
+    assert failed["error"] == {
+        "code": "PromptTooLong",
+        "message": "too long (s3://b/in.jsonl:line 3)",
+    }
