@@ -22,6 +22,9 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.demo import wait_for_pollers
+from llmbatch.tiny_model import build_tiny_model
+from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
 
 if TYPE_CHECKING:
     from llmbatch.engine import Engine
@@ -182,3 +185,43 @@ async def test_no_dedup_generates_every_row(
     assert summary.items_succeeded == rows
     assert engine.requests_submitted - before == rows
     assert summary.usage.deduplicated == 0
+
+
+async def test_a_worker_on_rebuilt_weights_misses_the_cache_its_old_weights_filled(
+    workers: Settings, temporal_client: Client, tmp_path: Path
+) -> None:
+    """A real GPU worker on a model folder, then on the same folder rebuilt with other
+    weights (a redeployed model under the same name): its cache entries were keyed by
+    the old weights, so the new worker generates everything again."""
+    model = str(build_tiny_model(tmp_path / "redeployed-model", seed=0))
+    rows, distinct = 40, 40
+    source = _rows_file(tmp_path / "in" / "rows.jsonl", rows, distinct)
+    out = tmp_path / "out"
+    queue = workers.gpu_task_queue(model)
+
+    async def run_on_a_worker(log: str, *specs: JobSpec) -> list[ledger.Usage]:
+        proc = gpu_worker_process(workers, model, tmp_path / log)
+        try:
+            await wait_for_pollers(temporal_client, [queue], procs=[proc], within_s=300)
+            usages = []
+            for spec in specs:
+                summary = await _run(temporal_client, workers, spec)
+                assert summary.items_succeeded == rows
+                usages.append((await _usage(workers, spec.job_id))[0])
+            return usages
+        finally:
+            stop_worker(proc)
+
+    filled, hit = await run_on_a_worker(
+        "worker-old-weights.log",
+        _spec(source, out, model, cache=True),
+        _spec(source, out, model, cache=True),
+    )
+    assert (filled.generated, filled.cached) == (distinct, 0)
+    assert (hit.generated, hit.cached, hit.engine_requests) == (0, distinct, 0)
+
+    build_tiny_model(Path(model), seed=1)  # same folder, same name, other weights
+    (missed,) = await run_on_a_worker(
+        "worker-new-weights.log", _spec(source, out, model, cache=True)
+    )
+    assert (missed.generated, missed.cached, missed.engine_requests) == (distinct, 0, distinct)
