@@ -1,10 +1,12 @@
-"""``GET /v1/models`` lists what live GPU workers serve."""
+"""``GET /v1/models`` lists what live GPU workers serve; ``GET /v1/models/{id}`` gets one."""
 
 from __future__ import annotations
 
 import openai
+import pytest
 
 from tests.fixtures.api_server import ApiServer, Keys
+from tests.llmbatch.api.helpers import assert_openai_error
 
 
 async def test_models_lists_the_session_gpu_workers_model(
@@ -25,3 +27,19 @@ async def test_models_lists_the_session_gpu_workers_model(
     ]
     assert served.object == "model" and served.owned_by == "llm-batch"
     assert served.model_extra == {"task": "generate"}
+
+
+async def test_a_served_model_is_retrieved_by_its_id_and_an_unknown_one_is_404(
+    served_model: str, api_server: ApiServer, api_keys: Keys
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
+    )
+    # The tiny model's id is a local path: its slashes reach the route whole.
+    assert "/" in served_model
+    model = await client.models.retrieve(served_model)
+    assert model.id == served_model and model.object == "model"
+    assert (model.model_extra or {}).get("task") in ("generate", "embed")
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.models.retrieve("no-such-model")
+    assert_openai_error(caught.value, status=404, param="model")
