@@ -220,7 +220,8 @@ def _line(
     assert spec.api_batch is not None
     custom_id = request.custom_id
     if row is not None and row.status is ItemStatus.SUCCEEDED:
-        return _output_line(spec, request, row, vectors), True
+        line = openai_batch.result_line(spec, row, vectors=vectors, encoding=request.encoding)
+        return line, True
     if row is not None and row.status is ItemStatus.DEAD:
         return openai_batch.dead_line(
             job_id=spec.job_id,
@@ -238,31 +239,3 @@ def _line(
         message=None,
         source=None,
     ), False
-
-
-def _output_line(
-    spec: JobSpec, request: _Request, row: ledger.LedgerRow, vectors: list[bytes] | None
-) -> dict[str, Any]:
-    """A succeeded request's output line: OpenAI's embedding list, or its completion."""
-    assert spec.api_batch is not None
-    if spec.endpoint is ApiEndpoint.EMBEDDINGS:
-        return openai_batch.embedding_output_line(
-            job_id=spec.job_id,
-            custom_id=request.custom_id,
-            model=spec.model,
-            vectors=vectors or [],
-            encoding=request.encoding,
-            prompt_tokens=row.prompt_tokens or 0,
-        )
-    result = row.result or {}
-    return openai_batch.output_line(
-        job_id=spec.job_id,
-        custom_id=request.custom_id,
-        model=spec.model,
-        text=result.get("text") or "",
-        finish_reason=result.get("finish_reason"),
-        prompt_tokens=row.prompt_tokens or 0,
-        completion_tokens=row.completion_tokens or 0,
-        created=int(row.finished_at.timestamp()) if row.finished_at else 0,
-        endpoint=ApiEndpoint(spec.api_batch.endpoint),
-    )

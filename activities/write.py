@@ -66,7 +66,7 @@ class WriteActivities:
             # Bounded memory: only this shard's vectors are read, object by object.
             vectors = await read_vectors(self._ctx.read, entries)
             if layout.input_format is InputFormat.OPENAI:
-                out_rows, err_rows = _openai_embedding_lines(spec, entries, rows, vectors)
+                out_rows, err_rows = _openai_lines(spec, entries, rows, vectors)
                 part = layout.output_part(shard, "jsonl")
                 await self._ctx.write(part, formats.write_jsonl(out_rows))
             else:
@@ -74,7 +74,7 @@ class WriteActivities:
                 part = layout.output_part(shard, spec.output_format.value)
                 await self._ctx.write(part, _embedding_part(spec, entries, rows, vectors))
         elif layout.input_format is InputFormat.OPENAI:
-            out_rows, err_rows = _openai_lines(spec, entries)
+            out_rows, err_rows = _openai_lines(spec, entries, rows)
             part = layout.output_part(shard, "jsonl")
             await self._ctx.write(part, formats.write_jsonl(out_rows))
         else:
@@ -179,31 +179,6 @@ def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -
     }
 
 
-def _openai_lines(
-    spec: JobSpec, entries: list[ledger.LedgerRow]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    out, errors = [], []
-    for e in entries:
-        if e.status is ItemStatus.SUCCEEDED:
-            result = e.result or {}
-            out.append(
-                openai_batch.output_line(
-                    job_id=spec.job_id,
-                    custom_id=e.item_id,
-                    model=spec.model,
-                    text=result.get("text") or "",
-                    finish_reason=result.get("finish_reason"),
-                    prompt_tokens=e.prompt_tokens or 0,
-                    completion_tokens=e.completion_tokens or 0,
-                    created=int(e.finished_at.timestamp()) if e.finished_at else 0,
-                    endpoint=spec.endpoint,
-                )
-            )
-        else:
-            errors.append(_dead_line(spec, e))
-    return out, errors
-
-
 def _embedding_part(
     spec: JobSpec,
     entries: list[ledger.LedgerRow],
@@ -259,30 +234,30 @@ def _vector_column(vectors: list[bytes | None]) -> pa.Array:
     )
 
 
-def _openai_embedding_lines(
+def _openai_lines(
     spec: JobSpec,
     entries: list[ledger.LedgerRow],
     rows: dict[str, StagedRow],
-    vectors: Vectors,
+    vectors: Vectors | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A shard of OpenAI batch input: its output lines and its error lines."""
     out, errors = [], []
     for e in entries:
-        if e.status is ItemStatus.SUCCEEDED:
+        if e.status is not ItemStatus.SUCCEEDED:
+            errors.append(_dead_line(spec, e))
+            continue
+        encoding = "float"
+        if vectors is not None:
             staged = rows.get(e.item_id)
             body = ((staged.fields if staged is not None else None) or {}).get("body")
             # Validated at render, so the line's format is one of the two.
             encoding = openai_batch.encoding_format(body)
-            own = vectors.get(e.item_id, [])
-            out.append(
-                openai_batch.embedding_output_line(
-                    job_id=spec.job_id,
-                    custom_id=e.item_id,
-                    model=spec.model,
-                    vectors=own,
-                    encoding=encoding,
-                    prompt_tokens=e.prompt_tokens or 0,
-                )
+        out.append(
+            openai_batch.result_line(
+                spec,
+                e,
+                vectors=None if vectors is None else vectors.get(e.item_id),
+                encoding=encoding,
             )
-        else:
-            errors.append(_dead_line(spec, e))
+        )
     return out, errors

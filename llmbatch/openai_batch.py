@@ -13,12 +13,15 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmbatch.config import model_identity
-from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
+from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, JobSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
 from llmbatch.vectors import floats
+
+if TYPE_CHECKING:
+    from llmbatch.ledger import LedgerRow
 
 CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
 COMPLETIONS_URL = ApiEndpoint.COMPLETIONS.value
@@ -362,6 +365,39 @@ def error_line(*, job_id: str, custom_id: str, code: str, message: str) -> dict[
         "response": None,
         "error": {"code": code, "message": message},
     }
+
+
+def result_line(
+    spec: JobSpec,
+    row: LedgerRow,
+    *,
+    vectors: list[bytes] | None = None,
+    encoding: str = "float",
+) -> dict[str, Any]:
+    """A succeeded item's output line, from its ledger row: for /v1/embeddings, OpenAI's
+    embedding list of its staged ``vectors`` in the line's ``encoding``; else its
+    completion."""
+    if spec.endpoint is ApiEndpoint.EMBEDDINGS:
+        return embedding_output_line(
+            job_id=spec.job_id,
+            custom_id=row.item_id,
+            model=spec.model,
+            vectors=vectors or [],
+            encoding=encoding,
+            prompt_tokens=row.prompt_tokens or 0,
+        )
+    result = row.result or {}
+    return output_line(
+        job_id=spec.job_id,
+        custom_id=row.item_id,
+        model=spec.model,
+        text=result.get("text") or "",
+        finish_reason=result.get("finish_reason"),
+        prompt_tokens=row.prompt_tokens or 0,
+        completion_tokens=row.completion_tokens or 0,
+        created=int(row.finished_at.timestamp()) if row.finished_at else 0,
+        endpoint=spec.endpoint,
+    )
 
 
 def dead_line(
