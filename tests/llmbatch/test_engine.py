@@ -21,6 +21,7 @@ from llmbatch.engine import (
     EngineOptions,
     GenerationRequest,
     GenerationResult,
+    cpu_engine_env,
     engine_args_help,
     on_cpu,
     sampling_params,
@@ -95,6 +96,27 @@ def test_cpu_defaults_apply_only_on_cpu() -> None:
     # A KV cache size replaces the memory share: no CPU share is added to it.
     vllm_default = AsyncEngineArgs(model="m").gpu_memory_utilization
     assert sized.to_engine_args().gpu_memory_utilization == vllm_default
+
+
+def test_cpu_engine_env_turns_off_onednn_cache_and_keeps_what_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    found = {"tcmalloc_minimal": "libtcmalloc_minimal.so.4"}
+    monkeypatch.setattr("ctypes.util.find_library", found.get)
+    assert cpu_engine_env({}) == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0",
+        "LD_PRELOAD": "libtcmalloc_minimal.so.4",
+    }
+    # Preloaded first, before what the environment preloads already.
+    assert cpu_engine_env({"LD_PRELOAD": "/lib/libgomp.so"})["LD_PRELOAD"] == (
+        "libtcmalloc_minimal.so.4:/lib/libgomp.so"
+    )
+    # What the operator set is theirs.
+    given = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LD_PRELOAD": "/opt/libtcmalloc.so"}
+    assert cpu_engine_env(given) == {}
+    # No tcmalloc on the system: glibc malloc, and the cache still off.
+    monkeypatch.setattr("ctypes.util.find_library", {}.get)
+    assert cpu_engine_env({}) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
 
 
 def test_options_refuse_what_vllm_does_not_declare() -> None:
