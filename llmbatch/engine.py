@@ -36,6 +36,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
+    Iterator,
     Mapping,
     Sequence,
 )
@@ -129,6 +130,23 @@ def cpu_engine_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
         if tcmalloc:
             env["LD_PRELOAD"] = f"{tcmalloc}:{preload}" if preload else tcmalloc
     return env
+
+
+@contextlib.contextmanager
+def _environ(added: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``added`` while the engine's processes start, and as it was
+    afterwards: nothing else this process starts later (tests start many) inherits
+    them."""
+    saved = {name: os.environ.get(name) for name in added}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 # AsyncEngineArgs' fields: the names vLLM's engine takes, and all it takes.
@@ -460,13 +478,12 @@ class Engine:
         spawned process.
         """
         started = time.perf_counter()
-        if on_cpu():
-            # vLLM starts its engine processes from this one: they inherit os.environ.
-            added = cpu_engine_env()
-            os.environ.update(added)
-            if added:
-                log.info("environment of the engine processes: %s", added)
-        llm = AsyncLLM.from_engine_args(options.to_engine_args())
+        added = cpu_engine_env() if on_cpu() else {}
+        if added:
+            log.info("environment of the engine processes: %s", added)
+        # vLLM starts its engine processes here, from this one: they inherit os.environ.
+        with _environ(added):
+            llm = AsyncLLM.from_engine_args(options.to_engine_args())
         # vLLM's own tokenizer: the prompt we count is exactly the prompt it runs.
         engine = cls(llm, llm.get_tokenizer(), options)
         from llmbatch.dedup import weights_fingerprint

@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
+import psutil
 import pytest
 from pydantic import ValidationError
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -27,6 +29,9 @@ from llmbatch.engine import (
     sampling_params,
 )
 from tests.fixtures.model import MAX_MODEL_LEN
+
+# This process's environment before any engine started in it.
+_ENVIRON_AT_IMPORT = dict(os.environ)
 
 CHOICES = ["Healthcare", "Retail", "Other"]
 LABEL_SCHEMA = {
@@ -117,6 +122,32 @@ def test_cpu_engine_env_turns_off_onednn_cache_and_keeps_what_is_set(
     # No tcmalloc on the system: glibc malloc, and the cache still off.
     monkeypatch.setattr("ctypes.util.find_library", {}.get)
     assert cpu_engine_env({}) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+
+
+async def test_the_engine_processes_and_only_they_run_with_the_cpu_environment(
+    engine: Engine,
+) -> None:
+    """The session engine's own processes (EngineCore, and the model runner it starts)
+    were started with the variables: vLLM spawns them, so they are new programs and
+    tcmalloc, preloaded, is mapped in each. (Their environment itself cannot be read
+    back: vLLM's process titles overwrite it.) This process, which starts workers,
+    servers and tools for the rest of the tests, is left as it was."""
+    added = cpu_engine_env(_ENVIRON_AT_IMPORT)
+    for name in added:
+        assert os.environ.get(name) == _ENVIRON_AT_IMPORT.get(name)
+    if "LD_PRELOAD" not in added:
+        pytest.skip("tcmalloc is not installed here (scripts/setup.sh installs it as root)")
+    processes = [
+        p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::")
+    ]
+    assert {p.name() for p in processes} >= {"VLLM::EngineCore", "VLLM::Worker"}
+    for process in processes:
+        assert _maps_tcmalloc(process), process.name()
+    assert not _maps_tcmalloc(psutil.Process())
+
+
+def _maps_tcmalloc(process: psutil.Process) -> bool:
+    return any("libtcmalloc" in m.path for m in process.memory_maps())
 
 
 def test_options_refuse_what_vllm_does_not_declare() -> None:
