@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import psutil
+
+# benchmarks/peer.py: a script's own folder is on its import path.
+from peer import chat_lines, run_batch
 
 from llmbatch import storage
 from llmbatch.client import connect, start_job
@@ -42,46 +42,7 @@ ENGINE_ARGS = [
     "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
     "--gpu-memory-utilization", "0.3",
 ]  # fmt: skip
-TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def batch_lines(n: int, *, repeat: int, model: str, max_tokens: int) -> bytes:
-    """OpenAI batch lines; line i asks request i // repeat, spread over the file."""
-    distinct = n // repeat
-    lines = []
-    for i in range(n):
-        k = i % distinct  # each distinct request comes back every `distinct` lines
-        body = {
-            "model": model,
-            "messages": [
-                {"role": "system", "content": "You are brief."},
-                {"role": "user", "content": f"Write about {TOPICS[k % len(TOPICS)]} ({k})."},
-            ],
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-        }
-        line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-        lines.append(json.dumps(line))
-    return ("\n".join(lines) + "\n").encode()
-
-
-def run_batch(model: str, src: Path, dst: Path) -> float:
-    """Seconds run-batch spends on the file once its engine is up (it logs that it
-    reads the batch file only then)."""
-    loaded = None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
-         "--model", model, *ENGINE_ARGS],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    for line in proc.stdout:  # vLLM logs to stdout
-        if loaded is None and "Reading batch from" in line:
-            loaded = time.monotonic()
-    if proc.wait() != 0 or loaded is None:
-        raise RuntimeError(f"run-batch failed with exit code {proc.returncode}")
-    return time.monotonic() - loaded
 
 
 def cpu_seconds(pid: int, *, descendants: bool = True) -> float:
@@ -175,13 +136,12 @@ def main() -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         n = args.requests
         src = work / "batch.jsonl"
-        src.write_bytes(batch_lines(n, repeat=args.repeat, model=model, max_tokens=args.max_tokens))
+        src.write_bytes(chat_lines(n, model=model, max_tokens=args.max_tokens, repeat=args.repeat))
         data_uri = f"s3://{settings.s3_bucket}/bench/batch-{n}.jsonl"
         storage.open_store(data_uri, settings).put_file(data_uri, src)
 
         print(f"{n} requests, each distinct one {args.repeat} times", flush=True)
-        peer_s = run_batch(model, src, work / "out.jsonl")
-        print(f"  run-batch: {peer_s:.1f} s", flush=True)
+        peer_s = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS).batch_s
         ours = asyncio.run(llm_batch(settings, model, data_uri, n, work / "logs", parts))
     finally:
         dev.down()

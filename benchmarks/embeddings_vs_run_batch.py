@@ -10,10 +10,7 @@ embedding worker together). Then llm-batch alone on ``--large`` rows (200,000): 
 workers' peak RSS against the one at ``--requests`` rows, to show memory stays flat
 (vectors are staged in the object store shard by shard, never held for the job).
 
-Both engines run with the same process environment: llm-batch's GPU worker adds
-``cpu_engine_env()`` (oneDNN's process-wide primitive cache off, tcmalloc preloaded
-when the system has it) for its engine processes, and run-batch gets the same
-variables here, so neither has a memory or allocator setting the other lacks.
+Both engines run in the same process environment (benchmarks/peer.py says which).
 
     .venv/bin/python benchmarks/embeddings_vs_run_batch.py --requests 20000 --large 200000
 """
@@ -25,17 +22,14 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
+# benchmarks/peer.py: a script's own folder is on its import path.
+from peer import TOPICS, PeakRss, run_batch
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -46,7 +40,6 @@ from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
-from llmbatch.engine import cpu_engine_env
 from llmbatch.tiny_model import build_tiny_model
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
@@ -60,7 +53,6 @@ ENGINE_ARGS = [
     # that is only the cache being touched for the first time.
     "--kv-cache-memory-bytes", "512M",
 ]  # fmt: skip
-TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
 
 
 def batch_lines(n: int, *, model: str) -> bytes:
@@ -77,86 +69,6 @@ def batch_lines(n: int, *, model: str) -> bytes:
             )
         )
     return ("\n".join(lines) + "\n").encode()
-
-
-class PeakRss:
-    """Peak of the summed RSS of some processes and all their children, and each
-    one's own peak (its process tree's)."""
-
-    def __init__(self, roots: Sequence[psutil.Process | int]) -> None:
-        self._roots = [r if isinstance(r, psutil.Process) else psutil.Process(r) for r in roots]
-        self.peak = 0
-        self.peaks = [0] * len(self._roots)
-        # Each process's own peak, by "<root pid>:<name>" (the engine's are VLLM::...).
-        self.by_process: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _tree(self, root: psutil.Process) -> int:
-        try:
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0
-        total = 0
-        for proc in procs:
-            try:
-                rss = proc.memory_info().rss
-                name = "main" if proc.pid == root.pid else proc.name()
-            except psutil.Error:
-                continue
-            total += rss
-            key = f"{root.pid}:{name}"
-            self.by_process[key] = max(self.by_process.get(key, 0), rss)
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            sizes = [self._tree(root) for root in self._roots]
-            self.peaks = [max(a, b) for a, b in zip(self.peaks, sizes, strict=True)]
-            self.peak = max(self.peak, sum(sizes))
-            self._stop.wait(0.2)
-
-    def describe(self, names: Sequence[str]) -> str:
-        own = {str(root.pid): name for root, name in zip(self._roots, names, strict=True)}
-        parts = [f"{n} {p / 2**30:.2f}" for n, p in zip(names, self.peaks, strict=True)]
-        for key, peak in sorted(self.by_process.items()):
-            pid, _, name = key.partition(":")
-            parts.append(f"{own.get(pid, pid)}/{name} {peak / 2**30:.2f}")
-        return ", ".join(parts)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def run_batch(model: str, src: Path, dst: Path) -> tuple[float, int]:
-    """(seconds embedding, peak RSS): embedding starts when run-batch logs that it
-    reads the batch file, which it does only once its engine is up."""
-    loaded = None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
-         "--model", model, *ENGINE_ARGS],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **cpu_engine_env()},  # what llm-batch's engine gets
-    )  # fmt: skip
-    assert proc.stdout is not None
-    with PeakRss([proc.pid]) as rss:
-        for line in proc.stdout:  # vLLM logs to stdout
-            if loaded is None and "Reading batch from" in line:
-                loaded = time.monotonic()
-        code = proc.wait()
-    if code != 0 or loaded is None:
-        raise RuntimeError(f"run-batch failed with exit code {code}")
-    finished = time.monotonic()
-    with dst.open() as f:
-        ok = sum(1 for line in f if json.loads(line).get("error") is None)
-    print(f"  run-batch: {finished - loaded:.1f} s, {ok} ok, peak RSS {rss.peak / 2**30:.2f} GiB",
-          flush=True)  # fmt: skip
-    return finished - loaded, rss.peak
 
 
 async def llm_batch(
@@ -238,9 +150,9 @@ def main() -> None:
     for round_ in range(args.repeats):
         print(f"round {round_ + 1}/{args.repeats}", flush=True)
         if not args.no_peer:
-            seconds, rss = run_batch(model, src, work / "out.jsonl")
-            peer_s.append(seconds)
-            peer_rss.append(rss)
+            peer = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS)
+            peer_s.append(peer.batch_s)
+            peer_rss.append(peer.peak_rss)
         seconds, rss = asyncio.run(llm_batch(settings, model, data_uri, n, work / "logs"))
         ours_s.append(seconds)
         ours_rss.append(rss)

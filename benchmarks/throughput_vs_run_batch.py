@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -27,6 +26,9 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+# benchmarks/peer.py: a script's own folder is on its import path.
+from peer import chat_lines, run_batch
 
 from llmbatch import storage
 from llmbatch.client import connect, start_job
@@ -41,48 +43,6 @@ ENGINE_ARGS = [
     "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
     "--gpu-memory-utilization", "0.3",
 ]  # fmt: skip
-TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
-
-
-def batch_lines(n: int, *, model: str, max_tokens: int) -> bytes:
-    lines = []
-    for i in range(n):
-        body = {
-            "model": model,
-            "messages": [
-                {"role": "system", "content": "You are brief."},
-                {"role": "user", "content": f"Write about {TOPICS[i % len(TOPICS)]} ({i})."},
-            ],
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-        }
-        line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-        lines.append(json.dumps(line))
-    return ("\n".join(lines) + "\n").encode()
-
-
-def run_batch(model: str, src: Path, dst: Path) -> tuple[float, float]:
-    """(seconds generating, seconds loading): loading ends when run-batch logs that it
-    reads the batch file, which it does only once its engine is up."""
-    started = time.monotonic()
-    loaded = None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
-         "--model", model, *ENGINE_ARGS],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    for line in proc.stdout:  # vLLM logs to stdout
-        if loaded is None and "Reading batch from" in line:
-            loaded = time.monotonic()
-    if proc.wait() != 0 or loaded is None:
-        raise RuntimeError(f"run-batch failed with exit code {proc.returncode}")
-    finished = time.monotonic()
-    with dst.open() as f:
-        ok = sum(1 for line in f if json.loads(line).get("error") is None)
-    print(f"  run-batch: {finished - loaded:.1f} s batch + {loaded - started:.1f} s load, {ok} ok",
-          flush=True)  # fmt: skip
-    return finished - loaded, loaded - started
 
 
 def _serve(settings: Settings, port: int, log_dir: Path) -> subprocess.Popen[bytes]:
@@ -200,16 +160,16 @@ def main() -> None:
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     src = work / "batch.jsonl"
-    src.write_bytes(batch_lines(args.requests, model=model, max_tokens=args.max_tokens))
+    src.write_bytes(chat_lines(args.requests, model=model, max_tokens=args.max_tokens))
     data_uri = f"s3://{settings.s3_bucket}/bench/batch-{args.requests}.jsonl"
     storage.open_store(data_uri, settings).put_file(data_uri, src)
 
     peer_job, peer_load, ours_job, ours_load, api_job = [], [], [], [], []
     for round_ in range(args.repeats):
         print(f"round {round_ + 1}/{args.repeats}", flush=True)
-        job, load = run_batch(model, src, work / "out.jsonl")
-        peer_job.append(job)
-        peer_load.append(load)
+        peer = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS)
+        peer_job.append(peer.batch_s)
+        peer_load.append(peer.load_s)
         job, load, api_s = asyncio.run(
             llm_batch(
                 settings, model, data_uri, args.requests, work / "logs",
