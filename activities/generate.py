@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import time
@@ -171,12 +170,8 @@ class GenerateActivities:
         try:
             await share_or_lead()
             # One loop for both tasks: the engine call differs, nothing else.
-            run_many: Any = (
-                self._engine.embed_many
-                if embed
-                else functools.partial(self._engine.generate_many, usage=usage)
-            )
-            results = run_many(engine_requests(), max_in_flight=self._max_in_flight)
+            run_many: Any = self._engine.embed_many if embed else self._engine.generate_many
+            results = run_many(engine_requests(), max_in_flight=self._max_in_flight, usage=usage)
             async with contextlib.aclosing(results):
                 async for result in results:
                     recorder.add(result)

@@ -621,11 +621,14 @@ class Engine:
         _check_structured(result, request.sampling, prepared)
         return result
 
-    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+    async def embed(
+        self, request: EmbeddingRequest, *, usage: EngineUsage | None = None
+    ) -> EmbeddingResult:
         """Embed one request's texts (an engine request each, run together); the error
         contract is :meth:`generate`'s. A text longer than the context (``tokens >
         max_model_len``: pooling needs no room to generate) is ``PromptTooLong`` unless
         ``truncate_prompt_tokens`` keeps its last N tokens; the whole item dies with it.
+        ``usage``, when given, counts each text that reaches the engine.
         """
         started = time.perf_counter()
         options = request.options
@@ -654,7 +657,10 @@ class Engine:
         ids_of = [f"{request.request_id}:{i}" for i in range(len(prompts))]
         try:
             outputs = await asyncio.gather(
-                *(self._encode(ids, params, rid) for ids, rid in zip(prompts, ids_of, strict=True))
+                *(
+                    self._encode(ids, params, rid, usage)
+                    for ids, rid in zip(prompts, ids_of, strict=True)
+                )
             )
         except asyncio.CancelledError:
             for rid in ids_of:
@@ -678,10 +684,20 @@ class Engine:
             latency_ms=(time.perf_counter() - started) * 1000.0,
         )
 
-    async def _encode(self, ids: list[int], params: PoolingParams, request_id: str) -> Any:
+    async def _encode(
+        self, ids: list[int], params: PoolingParams, request_id: str, usage: EngineUsage | None
+    ) -> Any:
         final = None
-        async for output in self._llm.encode(tokens_input(ids), params, request_id):
-            final = output
+        self.requests_submitted += 1
+        telemetry.metrics().engine_requests.add(1, {"llmbatch.model": self.options.model})
+        if usage is not None:
+            usage._entered()
+        try:
+            async for output in self._llm.encode(tokens_input(ids), params, request_id):
+                final = output
+        finally:
+            if usage is not None:
+                usage._left()
         if final is None:
             raise RequestAbortedError(f"request {request_id}: the engine returned nothing")
         return final
@@ -691,9 +707,12 @@ class Engine:
         requests: AsyncIterable[EmbeddingRequest] | Iterable[EmbeddingRequest],
         *,
         max_in_flight: int,
+        usage: EngineUsage | None = None,
     ) -> AsyncGenerator[EmbeddingResult, None]:
         """:meth:`generate_many` for embedding requests: the same bounded, lazy loop."""
-        results = _run_many(self.embed, requests, max_in_flight=max_in_flight)
+        results = _run_many(
+            functools.partial(self.embed, usage=usage), requests, max_in_flight=max_in_flight
+        )
         async with contextlib.aclosing(results):
             async for result in results:
                 yield result

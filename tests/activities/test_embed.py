@@ -375,6 +375,8 @@ async def test_repeated_texts_are_embedded_once_and_every_row_gets_the_vector(
     summary = await asyncio.wait_for(job_result(handle), 600)
     assert (summary.items_succeeded, summary.items_dead) == (120, 0)
     assert (summary.usage.generated, summary.usage.deduplicated) == (8, 112)
+    # The engine's work is counted as a generate job's is: one request per text run.
+    assert summary.usage.engine_requests == 8 and summary.usage.gpu_seconds > 0
     found = manifest(summary.manifest, embed_worker.settings)
     out = [line for part in found["output_parts"] for line in jsonl(part)]
     assert sorted(r["item_id"] for r in out) == [r["id"] for r in data]
