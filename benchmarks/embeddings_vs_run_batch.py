@@ -40,6 +40,7 @@ from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
+from llmbatch.engine import cpu_engine_env
 from llmbatch.tiny_model import build_tiny_model
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
@@ -150,7 +151,8 @@ def main() -> None:
     for round_ in range(args.repeats):
         print(f"round {round_ + 1}/{args.repeats}", flush=True)
         if not args.no_peer:
-            peer = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS)
+            # What llm-batch's embedding worker gives its engine's processes.
+            peer = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS, env=cpu_engine_env())
             peer_s.append(peer.batch_s)
             peer_rss.append(peer.peak_rss)
         seconds, rss = asyncio.run(llm_batch(settings, model, data_uri, n, work / "logs"))

@@ -2,10 +2,10 @@
 RSS of a process tree: shared by every benchmark that measures llm-batch against it.
 
 run-batch runs on the same file, model and engine options as llm-batch, and in the
-same engine-process environment: llm-batch's GPU worker adds ``cpu_engine_env()``
+same engine-process environment: an embedding worker adds ``cpu_engine_env()``
 (oneDNN's process-wide primitive cache off, tcmalloc preloaded when the system has
-it) for its engine's processes, and run-batch gets the same variables, so neither side
-has a memory or allocator setting the other lacks.
+it) for its engine's processes, and the embeddings benchmark gives run-batch the same
+variables (``env``), so neither side has a memory or allocator setting the other lacks.
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-
-from llmbatch.engine import cpu_engine_env
 
 TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
 
@@ -114,15 +112,23 @@ class PeerRun:
     peak_rss: int
 
 
-def run_batch(model: str, src: Path, dst: Path, engine_args: Sequence[str]) -> PeerRun:
-    """Run ``vllm run-batch`` on ``src`` into ``dst`` and print one line about it."""
+def run_batch(
+    model: str,
+    src: Path,
+    dst: Path,
+    engine_args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+) -> PeerRun:
+    """Run ``vllm run-batch`` on ``src`` into ``dst``, with ``env`` added to its
+    environment, and print one line about it."""
     started = time.monotonic()
     loaded = None
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
          "--model", model, *engine_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **cpu_engine_env()},  # what llm-batch's engine gets
+        env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert proc.stdout is not None
     with PeakRss([proc.pid]) as rss:

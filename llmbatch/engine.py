@@ -100,8 +100,8 @@ def on_cpu() -> bool:
 
 
 def cpu_engine_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment variables to add for vLLM's engine processes on CPU, so that a
-    long job runs in flat memory (what ``environ`` already sets is kept).
+    """The environment variables to add for an embedding (pooling) engine's processes
+    on CPU, so that a long job runs in flat memory (what ``environ`` sets is kept).
 
     vLLM's CPU linear layers run oneDNN matmuls, one primitive per number of tokens in
     a step; vLLM keeps its own LRU of 32 of them per weight shape, but oneDNN also
@@ -143,6 +143,8 @@ def _environ(added: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         for name, value in saved.items():
+            if os.environ.get(name) != added[name]:
+                continue  # changed meanwhile (vLLM sets LD_PRELOAD for its own): theirs
             if value is None:
                 os.environ.pop(name, None)
             else:
@@ -232,6 +234,11 @@ class EngineOptions(BaseModel):
                 update={"engine_args": {**self.engine_args, "runner": "pooling"}}
             )
         return self
+
+    @property
+    def pooling(self) -> bool:
+        """Whether the engine runs vLLM's pooling runner (an embed worker's)."""
+        return self.engine_args.get("runner") == "pooling"
 
     def to_engine_args(self) -> AsyncEngineArgs:
         """vLLM's engine arguments: ours, then the ones given, then the CPU defaults."""
@@ -478,7 +485,10 @@ class Engine:
         spawned process.
         """
         started = time.perf_counter()
-        added = cpu_engine_env() if on_cpu() else {}
+        # Measured for the pooling runner only: on generate, single rounds of the
+        # throughput benchmark ran 10-20% slower with oneDNN's cache off (decode steps
+        # come back to the same sizes, which that cache serves), so it stays as vLLM has it.
+        added = cpu_engine_env() if on_cpu() and options.pooling else {}
         if added:
             log.info("environment of the engine processes: %s", added)
         # vLLM starts its engine processes here, from this one: they inherit os.environ.

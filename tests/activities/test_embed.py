@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -31,8 +32,9 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.spec import EmbedSpec, JobSpec, OutputFormat, Task
+from llmbatch.engine import cpu_engine_env
 from tests.fixtures.embed_worker import DIM, HF_OVERRIDES, EmbedWorker
-from tests.fixtures.worker_processes import job_result, stop_worker, until_done
+from tests.fixtures.worker_processes import job_result, maps_tcmalloc, stop_worker, until_done
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
@@ -316,6 +318,25 @@ async def test_openai_embeddings_lines_run_through_submit(
     assert len(results["short"]["response"]["body"]["data"][0]["embedding"]) == 32
     errors = [r for part in found["error_parts"] for r in jsonl(part)]
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("tokens", "InvalidRequest")]
+
+
+def test_the_embedding_engines_processes_run_with_the_cpu_environment(
+    embed_worker: EmbedWorker,
+) -> None:
+    """The embed worker's engine processes were started with ``cpu_engine_env()``:
+    vLLM spawns them, so they are new programs, and tcmalloc, preloaded, is mapped in
+    each. (Their environment itself cannot be read back: vLLM's process titles
+    overwrite it.)"""
+    if "LD_PRELOAD" not in cpu_engine_env(os.environ):
+        pytest.skip("tcmalloc is not installed here (scripts/setup.sh installs it as root)")
+    processes = [
+        p
+        for p in psutil.Process(embed_worker.proc.pid).children(recursive=True)
+        if p.name().startswith("VLLM::")
+    ]
+    assert {p.name() for p in processes} >= {"VLLM::EngineCore", "VLLM::Worker"}
+    for process in processes:
+        assert maps_tcmalloc(process), process.name()
 
 
 async def test_a_killed_embed_worker_re_embeds_only_what_was_in_flight(

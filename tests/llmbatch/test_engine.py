@@ -29,6 +29,7 @@ from llmbatch.engine import (
     sampling_params,
 )
 from tests.fixtures.model import MAX_MODEL_LEN
+from tests.fixtures.worker_processes import maps_tcmalloc
 
 # This process's environment before any engine started in it.
 _ENVIRON_AT_IMPORT = dict(os.environ)
@@ -124,30 +125,22 @@ def test_cpu_engine_env_turns_off_onednn_cache_and_keeps_what_is_set(
     assert cpu_engine_env({}) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
 
 
-async def test_the_engine_processes_and_only_they_run_with_the_cpu_environment(
-    engine: Engine,
-) -> None:
-    """The session engine's own processes (EngineCore, and the model runner it starts)
-    were started with the variables: vLLM spawns them, so they are new programs and
-    tcmalloc, preloaded, is mapped in each. (Their environment itself cannot be read
-    back: vLLM's process titles overwrite it.) This process, which starts workers,
-    servers and tools for the rest of the tests, is left as it was."""
-    added = cpu_engine_env(_ENVIRON_AT_IMPORT)
-    for name in added:
-        assert os.environ.get(name) == _ENVIRON_AT_IMPORT.get(name)
-    if "LD_PRELOAD" not in added:
-        pytest.skip("tcmalloc is not installed here (scripts/setup.sh installs it as root)")
+async def test_a_generate_engine_runs_its_processes_as_vllm_has_them(engine: Engine) -> None:
+    """The CPU environment is an embedding engine's (tests/activities/test_embed.py
+    checks it there): the session's generate engine's processes run without it, and
+    this process, which starts workers, servers and tools for the other tests, keeps
+    its own environment."""
+    # (vLLM itself puts its libgomp in LD_PRELOAD here, for its own processes.)
+    assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == _ENVIRON_AT_IMPORT.get(
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+    )
+    assert "libtcmalloc" not in os.environ.get("LD_PRELOAD", "")
     processes = [
         p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::")
     ]
     assert {p.name() for p in processes} >= {"VLLM::EngineCore", "VLLM::Worker"}
-    for process in processes:
-        assert _maps_tcmalloc(process), process.name()
-    assert not _maps_tcmalloc(psutil.Process())
-
-
-def _maps_tcmalloc(process: psutil.Process) -> bool:
-    return any("libtcmalloc" in m.path for m in process.memory_maps())
+    if "libtcmalloc" not in _ENVIRON_AT_IMPORT.get("LD_PRELOAD", ""):
+        assert not any(maps_tcmalloc(p) for p in processes)
 
 
 def test_options_refuse_what_vllm_does_not_declare() -> None:
