@@ -187,19 +187,18 @@ def _custom_ids(ctx: ActivityContext, spec: JobSpec) -> Generator[_Request, None
                     if data is None:
                         raise ValueError(f"{obj.uri}: a line is longer than the validated limit")
                     line = json.loads(data)
-                    request = _Request(str(line["custom_id"]))
+                    encoding = "float"
                     if embeddings:
                         # A line whose format is bad died at render: it gets an error line.
                         with contextlib.suppress(openai_batch.InvalidRequest):
                             encoding = openai_batch.encoding_format(line["body"])
-                            request = _Request(request.custom_id, encoding)
-                    yield request
+                    yield _Request(str(line["custom_id"]), encoding)
 
 
 def _take(ids: Iterator[_Request], n: int) -> list[_Request]:
     chunk: list[_Request] = []
-    for custom_id in ids:
-        chunk.append(custom_id)
+    for request in ids:
+        chunk.append(request)
         if len(chunk) == n:
             break
     return chunk

@@ -507,26 +507,45 @@ class _Recorder:
             )
         return None
 
-    def add(self, result: GenerationResult) -> None:
-        group = self._answered(result)
-        if group is None:
-            return
-        first = group.items[0]
-        stored = _storable(
-            {"text": result.text, "finish_reason": result.finish_reason, "parsed": result.parsed}
-        )
+    def _share(
+        self,
+        group: _Group,
+        result: dict[str, Any],
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        latency_ms: float,
+    ) -> None:
+        """Record one engine result for every item of ``group``: the first generated
+        it, the repeats share it (and took no engine time of their own)."""
+        first = group.items[0].item_id
         for n, request in enumerate(group.items):
             self._results.append(
                 ledger.ItemResult(
                     item_id=request.item_id,
-                    result=stored,
-                    prompt_tokens=result.prompt_tokens,
-                    completion_tokens=result.completion_tokens,
-                    latency_ms=result.latency_ms if n == 0 else 0.0,
+                    result=result,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    latency_ms=latency_ms if n == 0 else 0.0,
                     result_source=ResultSource.GENERATED if n == 0 else ResultSource.DEDUPLICATED,
-                    shared_with=None if n == 0 else first.item_id,
+                    shared_with=None if n == 0 else first,
                 )
             )
+
+    def add(self, result: GenerationResult) -> None:
+        group = self._answered(result)
+        if group is None:
+            return
+        stored = _storable(
+            {"text": result.text, "finish_reason": result.finish_reason, "parsed": result.parsed}
+        )
+        self._share(
+            group,
+            stored,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            latency_ms=result.latency_ms,
+        )
         if group.key is not None and self._weights is not None:
             self._cache.append(
                 result_cache.NewEntry(
@@ -534,7 +553,7 @@ class _Recorder:
                     result=stored,
                     prompt_tokens=result.prompt_tokens,
                     completion_tokens=result.completion_tokens,
-                    item_id=first.item_id,
+                    item_id=group.items[0].item_id,
                 )
             )
 
@@ -708,21 +727,13 @@ class _EmbedRecorder(_Recorder):
                     dimensions=result.dimensions,
                 ).model_dump()
                 # Repeats of one request point at the same vectors: staged once.
-                first = group.items[0].item_id
-                for n, request in enumerate(group.items):
-                    self._results.append(
-                        ledger.ItemResult(
-                            item_id=request.item_id,
-                            result=where,
-                            prompt_tokens=result.prompt_tokens,
-                            completion_tokens=0,
-                            latency_ms=result.latency_ms if n == 0 else 0.0,
-                            result_source=ResultSource.GENERATED
-                            if n == 0
-                            else ResultSource.DEDUPLICATED,
-                            shared_with=None if n == 0 else first,
-                        )
-                    )
+                self._share(
+                    group,
+                    where,
+                    prompt_tokens=result.prompt_tokens,
+                    completion_tokens=0,
+                    latency_ms=result.latency_ms,
+                )
                 offset += size
             await self._ctx.write(uri, b"".join(v for _, r in embedded for v in r.vectors))
         await super().flush()
