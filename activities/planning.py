@@ -22,8 +22,10 @@ from llmbatch.contract.messages import (
     final_state,
 )
 from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
-from llmbatch.contract.spec import JobSpec, Task
+from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.contract.states import BatchStatus
+from llmbatch.formats import ShardPlan
+from llmbatch.tables import jobs as tables
 
 
 class _BatchInvalid(planning.InvalidJobSpec):
@@ -44,10 +46,7 @@ class PlanningActivities:
         try:
             if spec.api_batch is not None:
                 await self._validate_api_batch(spec)
-            info = await asyncio.to_thread(
-                planning.inspect_inputs, spec, self._ctx.store, self._ctx.settings.render_limits
-            )
-            shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
+            input_format, shards = await self._plan(spec)
         except _BatchInvalid as exc:
             raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
         except planning.InvalidJobSpec as exc:
@@ -58,8 +57,8 @@ class PlanningActivities:
             raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
         layout = JobLayout(
             job_id=spec.job_id,
-            output_root=f"{spec.output_uri.rstrip('/')}/{spec.job_id}",
-            input_format=info.input_format,
+            output_root=tables.work_root(spec, self._ctx.settings),
+            input_format=input_format,
         )
         for shard in shards:
             await self._ctx.write(layout.shard_plan(shard.index), shard.model_dump_json().encode())
@@ -91,6 +90,22 @@ class PlanningActivities:
             gpu_task_queue=self._ctx.settings.gpu_task_queue(spec.model, spec.task),
             generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
         )
+
+    async def _plan(self, spec: JobSpec) -> tuple[InputFormat, list[ShardPlan]]:
+        """The job's input format and shards; a table output is checked or created."""
+        settings = self._ctx.settings
+        if spec.table_input:
+            shards = await tables.check_table_job(
+                spec, settings, settings.render_limits, create_output=True
+            )
+            return InputFormat.TABLE, shards or []
+        info = await asyncio.to_thread(
+            planning.inspect_inputs, spec, self._ctx.store, settings.render_limits
+        )
+        shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
+        if spec.table_output:
+            await tables.check_table_job(spec, settings, settings.render_limits, create_output=True)
+        return info.input_format, shards
 
     async def _validate_api_batch(self, spec: JobSpec) -> None:
         """Check every line of an OpenAI Batch API batch before anything runs; on any
@@ -174,6 +189,8 @@ class PlanningActivities:
             "elapsed_s": summary.elapsed_s,
             "spec": input.spec.model_dump(mode="json"),
         }
+        if input.spec.table_output:
+            manifest["output_table"] = input.spec.output_uri
         if input.spec.task is Task.EMBED:
             vectors = await ledger.embedding_counts(self._ctx.pool, job_id=summary.job_id)
             manifest["task"] = input.spec.task.value

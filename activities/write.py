@@ -15,8 +15,10 @@ from llmbatch import formats, ledger, openai_batch, storage, telemetry
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task
-from llmbatch.contract.states import TERMINAL_STATUSES, ItemStatus
+from llmbatch.contract.states import TERMINAL_STATUSES, FailureType, ItemStatus
 from llmbatch.records import StagedRow, load_jsonl
+from llmbatch.tables import jobs as tables
+from llmbatch.tables.connect import TableError
 from llmbatch.vectors import StagedVectors, Vectors, floats, read_vectors
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,20 @@ class WriteActivities:
             dead=summary.dead,
         )
 
-        if spec.task is Task.EMBED:
+        if spec.table_output:
+            # Upserted by item id in one transaction: a retry rewrites the same rows.
+            vectors = None
+            if spec.task is Task.EMBED:
+                vectors = await read_vectors(self._ctx.read, entries)
+            try:
+                await tables.write_shard(spec, self._ctx.settings, entries, rows, vectors)
+            except TableError as exc:
+                raise ApplicationError(
+                    str(exc), type=FailureType.TABLE_ERROR, non_retryable=True
+                ) from exc
+            err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
+            part = spec.output_uri
+        elif spec.task is Task.EMBED:
             # Bounded memory: only this shard's vectors are read, object by object.
             vectors = await read_vectors(self._ctx.read, entries)
             if layout.input_format is InputFormat.OPENAI:

@@ -141,6 +141,18 @@ class Settings(BaseSettings):
         # Fixed now: a relative root must not move with a later chdir.
         return [p.expanduser().absolute() for p in value]
 
+    allowed_tables: str = Field(
+        default="",
+        description="Comma-separated globs over host:port/database/schema.table naming "
+        "the Postgres tables jobs may read and write, e.g. 'db.internal:5432/app/public.*'; "
+        "a query input needs its whole database ('host:port/db/*'). Empty: none.",
+    )
+
+    @property
+    def allowed_table_patterns(self) -> list[str]:
+        """``allowed_tables`` as a list of globs."""
+        return [p.strip() for p in self.allowed_tables.split(",") if p.strip()]
+
     # Prompt templates are caller input: a row's render is bounded (llmbatch.render_pool).
     render_timeout_s: float = Field(
         default=5.0, gt=0, description="Wall-clock limit for rendering one row's prompt."

@@ -51,26 +51,14 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor, limits: RenderLimits) -> 
     if fmt is InputFormat.OPENAI:
         _check_request_sample(spec, objects[0], store_for)
     if fmt is not InputFormat.OPENAI:
-        if messages is None:
-            wanted = "the text template (text)" if spec.task is Task.EMBED else "prompt messages"
-            raise InvalidJobSpec(f"the input is {fmt.value}: give the {wanted}")
-        try:
-            template = PromptTemplate(messages)
-        except TemplateError as exc:
-            raise InvalidJobSpec(str(exc)) from exc
         try:
             fields = formats.field_names(store_for(objects[0].uri), objects[0], fmt)
+            row = formats.sample_row(
+                store_for(objects[0].uri), objects[0], fmt, max_row_bytes=spec.max_row_bytes
+            )
         except formats.FormatError as exc:
             raise InvalidJobSpec(str(exc)) from exc
-        missing = template.missing_fields(fields)
-        if fields and missing:
-            raise InvalidJobSpec(
-                f"the prompt uses field(s) {', '.join(missing)} that {objects[0].uri} does not "
-                f"have; its fields are: {', '.join(sorted(fields))}"
-            )
-        if spec.id_field is not None and fields and spec.id_field not in fields:
-            raise InvalidJobSpec(f"id field {spec.id_field!r} is not a field of {objects[0].uri}")
-        _try_on_sample(spec, template, store_for, objects[0], fmt, limits)
+        check_prompt(spec, fmt=fmt, fields=fields, row=row, where=objects[0].uri, limits=limits)
     return InputsInfo(objects=objects, input_format=fmt)
 
 
@@ -107,34 +95,47 @@ def check_output(spec: JobSpec, store_for: StoreFor) -> None:
     """Refuse an output that no write can reach, before a single one is tried: a
     missing bucket (an S3 server such as SeaweedFS would create it on the first write,
     and a typo would go unnoticed) or a folder outside the workers' local roots."""
+    if spec.table_output:
+        return  # a table: checked (and created) by llmbatch.tables
     try:
         store_for(spec.output_uri).check_output(spec.output_uri)
     except storage.StorageError as exc:
         raise InvalidJobSpec(f"cannot write output {spec.output_uri}: {exc}") from exc
 
 
-def _try_on_sample(
+def check_prompt(
     spec: JobSpec,
-    template: PromptTemplate,
-    store_for: StoreFor,
-    obj: storage.ObjectInfo,
+    *,
     fmt: InputFormat,
+    fields: set[str] | list[str],
+    row: dict[str, object] | None,
+    where: str,
     limits: RenderLimits,
 ) -> None:
-    """A template that fails on the first row (an unsafe attribute, a loop past its
-    time, a prompt past its size) would fail on most: refuse it before any work."""
+    """Refuse a prompt that uses fields the input (``where``) does not have, an id field
+    it does not have, or a template that fails on its first row (an unsafe attribute,
+    a loop past its time, a prompt past its size), which would fail on most rows."""
     messages = spec.template_messages()
     if messages is None:
-        return
+        wanted = "the text template (text)" if spec.task is Task.EMBED else "prompt messages"
+        raise InvalidJobSpec(f"the input is {fmt.value}: give the {wanted}")
     try:
-        row = formats.sample_row(store_for(obj.uri), obj, fmt, max_row_bytes=spec.max_row_bytes)
-    except formats.FormatError as exc:
+        template = PromptTemplate(messages)
+    except TemplateError as exc:
         raise InvalidJobSpec(str(exc)) from exc
+    missing = template.missing_fields(set(fields))
+    if fields and missing:
+        raise InvalidJobSpec(
+            f"the prompt uses field(s) {', '.join(missing)} that {where} does not "
+            f"have; its fields are: {', '.join(sorted(fields))}"
+        )
+    if spec.id_field is not None and fields and spec.id_field not in fields:
+        raise InvalidJobSpec(f"id field {spec.id_field!r} is not a field of {where}")
     if row is None or template.missing_fields(set(row)):
         return  # no row to try, or one the template cannot fill: that row is its own error
     outcome = render_isolated(messages, row, limits)
     if isinstance(outcome, TemplateError):
-        raise InvalidJobSpec(f"the prompt fails on the first row of {obj.uri}: {outcome}")
+        raise InvalidJobSpec(f"the prompt fails on the first row of {where}: {outcome}")
 
 
 def plan(spec: JobSpec, info: InputsInfo, store_for: StoreFor) -> list[formats.ShardPlan]:

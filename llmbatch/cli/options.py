@@ -27,16 +27,30 @@ from llmbatch.config import Settings
 from llmbatch.contract import uris
 from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat, Task
+from llmbatch.tables import jobs as tables
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobOptions:
     """The values of the job options; the field annotations are the CLI declarations."""
 
-    inputs: Annotated[list[str], typer.Option("--input", "-i", help="Input URI or path; repeat.")]
+    inputs: Annotated[
+        list[str],
+        typer.Option(
+            "--input",
+            "-i",
+            help="Input URI or path; repeat. Or one Postgres table or read-only query: "
+            "'postgresql://HOST:PORT/DB?table=NAME' or '...?query=SELECT ...' (with "
+            "--id-field; the password from the worker's PGPASSWORD or pgpass file).",
+        ),
+    ]
     model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")]
     output: Annotated[
-        str | None, typer.Option(help="Output URI; default s3://<bucket>/results.")
+        str | None,
+        typer.Option(
+            help="Output URI; default s3://<bucket>/results. Or a Postgres table, "
+            "'postgresql://HOST:PORT/DB?table=NAME': one row per item, upserted by item id."
+        ),
     ] = None
     messages_file: Annotated[
         Path | None, typer.Option("--messages", help="JSON file: [{role, content}, ...].")
@@ -63,7 +77,12 @@ class JobOptions:
         typer.Option(help="Keep the last N tokens of a longer prompt or text, not dead-letter it."),
     ] = None
     input_format: Annotated[InputFormat | None, typer.Option("--format")] = None
-    id_field: Annotated[str | None, typer.Option(help="Row field with the item id.")] = None
+    id_field: Annotated[
+        str | None,
+        typer.Option(
+            help="Row field with the item id (a table's key column; default its primary key)."
+        ),
+    ] = None
     temperature: Annotated[float | None, typer.Option()] = None
     top_p: Annotated[float | None, typer.Option()] = None
     max_tokens: Annotated[int | None, typer.Option()] = None
@@ -301,6 +320,9 @@ async def check_inputs(spec: JobSpec, settings: Settings) -> None:
     """The check the plan_job activity runs (inputs exist and are readable, the prompt's
     fields are there, it renders the first row), here for an answer before anything is
     scheduled."""
-    await asyncio.to_thread(
-        planning.inspect_inputs, spec, storage.Stores(settings), settings.render_limits
-    )
+    if not spec.table_input:
+        await asyncio.to_thread(
+            planning.inspect_inputs, spec, storage.Stores(settings), settings.render_limits
+        )
+    if spec.table_input or spec.table_output:
+        await tables.check_table_job(spec, settings, settings.render_limits, create_output=False)

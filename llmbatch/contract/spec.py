@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Self
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmbatch.contract import uris
+from llmbatch.contract import tables, uris
 from llmbatch.contract.priority import (
     HIGHEST_PRIORITY,
     LOWEST_PRIORITY,
@@ -42,6 +42,8 @@ class InputFormat(enum.StrEnum):
     CSV = "csv"
     PARQUET = "parquet"
     OPENAI = "openai"
+    # A Postgres table or read-only query (llmbatch.contract.tables): set from the URI.
+    TABLE = "table"
 
 
 class Task(enum.StrEnum):
@@ -213,7 +215,10 @@ class JobSpec(_Strict):
     ]
     inputs: list[str] = Field(
         min_length=1,
-        description="s3://bucket/key (globs allowed), file:///path or a plain path.",
+        description="s3://bucket/key (globs allowed), file:///path or a plain path; or one "
+        "Postgres table, postgresql://[user@]host:port/db?table=[schema.]name, or read-only "
+        "query, postgresql://[user@]host:port/db?query=SELECT... (its password from the "
+        "worker's environment, never the URI).",
     )
     input_format: InputFormat | None = Field(
         default=None, description="Detected from the file name when not given."
@@ -245,7 +250,17 @@ class JobSpec(_Strict):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     shard_size: int = Field(default=1000, ge=1, le=100_000)
     max_concurrent_shards: int = Field(default=4, ge=1, le=500)
-    output_uri: str = Field(min_length=1, description="Results go under <output_uri>/<job_id>/.")
+    output_uri: str = Field(
+        min_length=1,
+        description="Results go under <output_uri>/<job_id>/; or into a Postgres table, "
+        "postgresql://[user@]host:port/db?table=[schema.]name, one row per item upserted "
+        "by item id (created if absent).",
+    )
+    work_uri: str | None = Field(
+        default=None,
+        description="Jobs whose output is a table: where the job keeps its plans, staging, "
+        "error parts and manifest (default s3://<the workers' bucket>/tables).",
+    )
     output_format: OutputFormat = OutputFormat.JSONL
     output_fields: list[str] | None = Field(
         default=None, description="Input fields copied to each output row; default all."
@@ -302,6 +317,11 @@ class JobSpec(_Strict):
     def _no_blank_inputs(cls, value: list[str]) -> list[str]:
         if any(not v.strip() for v in value):
             raise ValueError("an input URI is empty")
+        if any(tables.is_table_uri(v) for v in value):
+            if len(value) > 1:
+                raise ValueError("a table or query input is a job's only input")
+            tables.parse_table_uri(value[0])  # its TableUriError is a ValueError
+            return value
         for uri in value:
             _no_parent_segment(uri, "input")
         return value
@@ -311,6 +331,9 @@ class JobSpec(_Strict):
     def _output_where_results_may_go(cls, value: str) -> str:
         # Refused here, before any work: an unknown scheme would otherwise fail only
         # when the first shard writes, and a ".." could write outside the folder.
+        if tables.is_table_uri(value):
+            tables.parse_table_uri(value, output=True)
+            return value
         scheme = uris.scheme_of(value)
         if scheme not in uris.SUPPORTED_SCHEMES:
             raise ValueError(
@@ -319,6 +342,34 @@ class JobSpec(_Strict):
             )
         _no_parent_segment(value, "output")
         return value
+
+    @model_validator(mode="after")
+    def _table_input(self) -> Self:
+        table_input = tables.is_table_uri(self.inputs[0])
+        if table_input and self.input_format not in (None, InputFormat.TABLE):
+            raise ValueError("a table or query input is read as a table; drop 'input_format'")
+        if not table_input and self.input_format is InputFormat.TABLE:
+            raise ValueError("input_format 'table' needs a postgresql:// input")
+        if table_input and self.id_field is None:
+            if tables.parse_table_uri(self.inputs[0]).query is not None:
+                raise ValueError(
+                    "a query input needs id_field: the unique key column its shards are cut by"
+                )
+        if self.work_uri is not None:
+            if uris.scheme_of(self.work_uri) not in uris.SUPPORTED_SCHEMES:
+                raise ValueError("work_uri must be s3://bucket/prefix, file:///abs/path or a path")
+            _no_parent_segment(self.work_uri, "work")
+        return self
+
+    @property
+    def table_input(self) -> bool:
+        """Whether the job reads a Postgres table or query."""
+        return tables.is_table_uri(self.inputs[0])
+
+    @property
+    def table_output(self) -> bool:
+        """Whether the job upserts its results into a Postgres table."""
+        return tables.is_table_uri(self.output_uri)
 
     @property
     def embed_options(self) -> EmbedSpec:

@@ -102,3 +102,5 @@ class FailureType(enum.StrEnum):
     REDRIVE_RUNNING = "RedriveRunning"
     INVALID_REDRIVE = "InvalidRedrive"
     WRONG_MODEL = "WrongModel"
+    # A database table in or out failed in a way no retry cures (llmbatch.tables).
+    TABLE_ERROR = "TableError"
