@@ -159,7 +159,9 @@ async def upsert(
     columns = [c for c in columns_for(spec) if c.name != "updated_at"]
     names = [c.name for c in columns]
     quoted = ", ".join(quote_ident(n) for n in names)
-    records = [tuple(_staged(c, row.get(c.name)) for c in columns) for row in rows]
+    # One row per item (the last given): ON CONFLICT cannot touch a row twice.
+    last = {row["item_id"]: row for row in rows}
+    records = [tuple(_staged(c, row.get(c.name)) for c in columns) for row in last.values()]
     stage_defs = ", ".join(f"{quote_ident(c.name)} {c.stage}" for c in columns)
     # The staging table's text columns go to json/jsonb/vector by assignment casts.
     selected = ", ".join(
