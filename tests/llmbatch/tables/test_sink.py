@@ -51,7 +51,7 @@ async def test_created_then_upserted_idempotently(table_db: TableDb, stack: Sett
     async with connect(table, stack) as out:
         assert await sink.upsert(out, table, spec, rows) == 10_000
         # A retry, a re-run, a re-drive: the same rows again, some with new results.
-        assert await sink.upsert(out, table, spec, rows[:5000] + [result("tk-000001", "b")]) == 5000
+        assert await sink.upsert(out, table, spec, [*rows[:5000], result("tk-000001", "b")]) == 5000
     assert await conn.fetchval("SELECT count(*) FROM labels") == 10_000
     assert await conn.fetchval("SELECT count(DISTINCT item_id) FROM labels") == 10_000
     one = await conn.fetchrow("SELECT * FROM labels WHERE item_id = 'tk-000001'")
@@ -93,7 +93,8 @@ async def test_embeddings_to_real_array(table_db: TableDb, stack: Settings) -> N
     conn = await asyncpg.connect(table_db.dsn)
     got = {r["item_id"]: r for r in await conn.fetch("SELECT * FROM vectors")}
     kind = await conn.fetchval(
-        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'vectors'::regclass AND attname = 'embedding'"
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = 'vectors'::regclass AND attname = 'embedding'"
     )
     await conn.close()
     assert kind == "real[]"
