@@ -40,12 +40,14 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError)
 
 
-def permanent(exc: BaseException, table: TableUri) -> Exception:
-    """``exc`` as a :class:`TableError` when it is permanent, else ``exc`` itself."""
-    if is_transient(exc):
-        return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+def as_table_error(exc: BaseException, table: TableUri) -> TableError:
+    """A permanent database error as a one-line :class:`TableError`."""
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return TableError(f"{table.display}: {message}")
+
+
+# What a database call raises: the server's errors, the driver's, the network's.
+DATABASE_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 
 def check_allowed(table: TableUri, settings: Settings) -> None:
@@ -68,8 +70,10 @@ async def connect(table: TableUri, settings: Settings) -> AsyncIterator[asyncpg.
             timeout=CONNECT_TIMEOUT_S,
             server_settings={"application_name": APPLICATION_NAME},
         )
-    except Exception as exc:
-        raise permanent(exc, table) from exc
+    except DATABASE_ERRORS as exc:
+        if is_transient(exc):
+            raise  # itself, not a copy with itself as cause: Temporal retries it
+        raise as_table_error(exc, table) from exc
     try:
         # json and jsonb as Python values both ways: rows for templates, parsed output.
         for name in ("json", "jsonb"):
@@ -77,10 +81,10 @@ async def connect(table: TableUri, settings: Settings) -> AsyncIterator[asyncpg.
                 name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
             )
         yield conn
-    except TableError:
-        raise
-    except Exception as exc:
-        raise permanent(exc, table) from exc
+    except DATABASE_ERRORS as exc:
+        if is_transient(exc):
+            raise
+        raise as_table_error(exc, table) from exc
     finally:
         # terminate(), not close(): a connection a failed statement broke cannot be
         # closed politely, and nothing is left to flush.
