@@ -39,7 +39,9 @@ class FetchActivities:
             bytes=plan.end - plan.start if plan.end else None,
         ) as span:
             if layout.input_format is InputFormat.TABLE:
-                rows = await _read_table_rows(self._ctx, plan)
+                rows = await _read_table_rows(
+                    self._ctx, plan, max_row_bytes=input.spec.max_row_bytes
+                )
             else:
                 rows = await asyncio.to_thread(
                     _read_rows,
@@ -56,10 +58,12 @@ class FetchActivities:
         return FetchResult(rows=len(rows), invalid=invalid)
 
 
-async def _read_table_rows(ctx: ActivityContext, plan: formats.ShardPlan) -> list[StagedRow]:
+async def _read_table_rows(
+    ctx: ActivityContext, plan: formats.ShardPlan, *, max_row_bytes: int
+) -> list[StagedRow]:
     """A table shard's rows, keyed by its key column."""
     try:
-        rows = await tables.read_shard(plan, ctx.settings)
+        rows = await tables.read_shard(plan, ctx.settings, max_row_bytes=max_row_bytes)
     except TableError as exc:
         raise ApplicationError(str(exc), type=FailureType.TABLE_ERROR, non_retryable=True) from exc
     return _stage(rows, id_field=plan.id_field)

@@ -80,11 +80,12 @@ async def check_table_job(
     return shards
 
 
-async def read_shard(plan: ShardPlan, settings: Settings) -> list[SourceRow]:
+async def read_shard(plan: ShardPlan, settings: Settings, *, max_row_bytes: int) -> list[SourceRow]:
     """A table shard's rows (streamed from the server, one snapshot)."""
     table = parse_table_uri(plan.uri)
     async with connect(table, settings) as conn:
-        return [row async for row in source.read_shard(conn, table, plan)]
+        rows = source.read_shard(conn, table, plan, max_row_bytes=max_row_bytes)
+        return [row async for row in rows]
 
 
 async def write_shard(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -147,10 +148,11 @@ async def plan_key_ranges(
 
 
 async def read_shard(
-    conn: asyncpg.Connection, table: TableUri, plan: ShardPlan
+    conn: asyncpg.Connection, table: TableUri, plan: ShardPlan, *, max_row_bytes: int
 ) -> AsyncIterator[SourceRow]:
     """The shard's rows in key order, streamed through a server-side cursor inside one
-    read-only REPEATABLE READ transaction (one snapshot per shard)."""
+    read-only REPEATABLE READ transaction (one snapshot per shard). A row over
+    ``max_row_bytes`` as JSON comes back as a ``RowTooLarge`` error, as in a file."""
     if plan.id_field is None or plan.key_type is None or plan.key_upto is None:
         raise TableError(f"shard {plan.index} of {table.display} has no key range")
     if not _TYPE_NAME.match(plan.key_type):
@@ -178,7 +180,17 @@ async def read_shard(
                 )
             else:
                 source = f"{table.display} {plan.id_field}={fields[plan.id_field]}"
-                yield SourceRow(ordinal, source, fields)
+                size = len(json.dumps(fields, ensure_ascii=False).encode())
+                if size > max_row_bytes:
+                    yield SourceRow(
+                        ordinal,
+                        source,
+                        None,
+                        error=f"the row is {size} bytes as JSON, over {max_row_bytes}",
+                        error_class=ErrorClass.ROW_TOO_LARGE,
+                    )
+                else:
+                    yield SourceRow(ordinal, source, fields)
             ordinal += 1
 
 

@@ -13,6 +13,8 @@ from llmbatch.tables import jobs, source
 from llmbatch.tables.connect import TableError, connect, is_transient
 from tests.fixtures.tables import TICKETS, TableDb, ticket_id
 
+MAX = 1 << 20
+
 
 def job(db: TableDb, **values: object) -> JobSpec:
     base: dict[str, object] = {
@@ -37,7 +39,7 @@ async def test_key_ranges_cover_every_row_once(table_db: TableDb, stack: Setting
         (ticket_id(9000), ticket_id(TICKETS), 1000, 9000),
     ]
     assert {s.id_field for s in shards} == {"code"}  # the primary key, not given
-    read = [await jobs.read_shard(s, stack) for s in shards]
+    read = [await jobs.read_shard(s, stack, max_row_bytes=MAX) for s in shards]
     ids = [r.fields["code"] for rows in read for r in rows if r.fields is not None]
     assert ids == [ticket_id(n) for n in range(1, TICKETS + 1)]
     assert [r.ordinal for rows in read for r in rows] == list(range(TICKETS))
@@ -52,6 +54,22 @@ async def test_key_ranges_cover_every_row_once(table_db: TableDb, stack: Setting
     assert third is not None and third["note"] is None
 
 
+async def test_a_row_over_max_row_bytes_is_its_own_error(
+    table_db: TableDb, stack: Settings
+) -> None:
+    conn = await asyncpg.connect(table_db.dsn)
+    await conn.execute("UPDATE tickets SET body = repeat('x', 500) WHERE code = $1", ticket_id(2))
+    await conn.close()
+    shards = await jobs.check_table_job(
+        job(table_db), stack, stack.render_limits, create_output=True
+    )
+    assert shards is not None
+    rows = await jobs.read_shard(shards[0], stack, max_row_bytes=400)
+    assert len(rows) == 3000
+    assert [r.error_class for r in rows[:3]] == [None, "RowTooLarge", None]
+    assert rows[1].source.endswith(f"code={ticket_id(2)}")
+
+
 async def test_query_input_keyed_by_id_field(table_db: TableDb, stack: Settings) -> None:
     spec = job(
         table_db,
@@ -63,7 +81,7 @@ async def test_query_input_keyed_by_id_field(table_db: TableDb, stack: Settings)
     )
     shards = await jobs.check_table_job(spec, stack, stack.render_limits, create_output=True)
     assert shards is not None
-    rows = [r for s in shards for r in await jobs.read_shard(s, stack)]
+    rows = [r for s in shards for r in await jobs.read_shard(s, stack, max_row_bytes=MAX)]
     # price > 100 from ticket 81 on.
     assert len(rows) == sum(s.row_count for s in shards) == TICKETS - 80
     assert rows[0].fields is not None and rows[0].fields["code"] == ticket_id(81)
@@ -134,7 +152,7 @@ async def test_snapshot_rule_rows_added_after_planning(table_db: TableDb, stack:
     )
     await conn.execute("UPDATE tickets SET body = 'changed' WHERE code = $1", ticket_id(9500))
     await conn.close()
-    rows = [r for s in shards for r in await jobs.read_shard(s, stack)]
+    rows = [r for s in shards for r in await jobs.read_shard(s, stack, max_row_bytes=MAX)]
     assert len(rows) == TICKETS
     by_id = {r.fields["code"]: r.fields for r in rows if r.fields is not None}
     assert ticket_id(TICKETS + 1) not in by_id
