@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 from temporalio.client import Client
 
-from llmbatch import storage
+from llmbatch import formats, storage
 from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
@@ -116,3 +116,29 @@ async def test_table_to_table_every_row_once_and_late_rows_left_out(
         == 100
     )
     await conn.close()
+
+    # A table in, files out: the rows' columns are the output's input fields.
+    to_files = label_job(
+        table_db,
+        model_name,
+        bucket,
+        inputs=again.inputs,
+        id_field="code",
+        output_uri=f"s3://{bucket}/out",
+        work_uri=None,
+    )
+    summary = await asyncio.wait_for(
+        (await start_job(temporal_client, to_files, settings=workers))[0].result(), 600
+    )
+    assert summary.manifest.startswith(f"s3://{bucket}/out/{to_files.job_id}/")
+    manifest = json.loads(store.read_bytes(summary.manifest))
+    out = [
+        row
+        for part in manifest["output_parts"]
+        for row in formats.read_jsonl_bytes(store.read_bytes(part))
+    ]
+    assert sorted(r["item_id"] for r in out) == [ticket_id(n) for n in range(1, 101)]
+    third = next(r for r in out if r["item_id"] == ticket_id(3))
+    assert third["input"] == {
+        "code": ticket_id(3), "body": "ticket number 3", "price": "3.75", "note": None
+    }  # fmt: skip
