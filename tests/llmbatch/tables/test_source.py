@@ -128,12 +128,12 @@ async def test_table_outside_allowed_tables_is_refused(table_db: TableDb, stack:
     )
     with pytest.raises(planning.InvalidJobSpec, match="outside the tables this worker may use"):
         await jobs.check_table_job(job(table_db), narrow, stack.render_limits, create_output=False)
-    # The ledger's own database is not a test_* one: never allowed here.
-    ledger_table = job(
-        table_db, inputs=[table_db.uri("x").replace(table_db.dsn.rsplit("/", 1)[1], "llmbatch")]
-    )
+    # Another server or database than a glob names is outside too.
+    elsewhere = stack.model_copy(update={"allowed_tables": "127.0.0.1:1/*/*"})
     with pytest.raises(planning.InvalidJobSpec, match="outside"):
-        await jobs.check_table_job(ledger_table, stack, stack.render_limits, create_output=False)
+        await jobs.check_table_job(
+            job(table_db), elsewhere, stack.render_limits, create_output=False
+        )
 
 
 async def test_snapshot_rule_rows_added_after_planning(table_db: TableDb, stack: Settings) -> None:
