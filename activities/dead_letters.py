@@ -43,7 +43,7 @@ class DeadLetterActivities:
     @activity.defn(name=FAIL_SHARD)
     async def fail_shard(self, input: FailShardInput) -> ShardCounts:
         """Mark every unfinished item of a failed shard dead with the shard's reason."""
-        counts = await ledger.dead_letter_shard(
+        counts = await ledger.dead_letters.dead_letter_shard(
             self._ctx.pool,
             job_id=input.job_id,
             shard=input.shard,
@@ -60,7 +60,9 @@ class DeadLetterActivities:
         """Send the shard's dead items to the job's DeadLetterWorkflow, starting it if
         this is the first report (signal-with-start); return how many are dead."""
         job_id = input.spec.job_id
-        letters = await ledger.dead_items(self._ctx.pool, job_id=job_id, shard=input.shard)
+        letters = await ledger.dead_letters.dead_items(
+            self._ctx.pool, job_id=job_id, shard=input.shard
+        )
         report = ShardDeadLetters(shard=input.shard)
         for letter in letters:
             report.by_class[letter.error_class] = report.by_class.get(letter.error_class, 0) + 1
@@ -91,7 +93,7 @@ class DeadLetterActivities:
     @activity.defn(name=REQUEUE_DEAD_LETTERS)
     async def requeue_dead_letters(self, input: RequeueInput) -> RequeueResult:
         """Make the selected dead items pending again, for a re-drive."""
-        requeued = await ledger.requeue_dead(
+        requeued = await ledger.dead_letters.requeue_dead(
             self._ctx.pool,
             job_id=input.job_id,
             item_ids=input.item_ids,

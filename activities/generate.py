@@ -23,13 +23,14 @@ from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
 from activities.heartbeat import heartbeat_interval
-from llmbatch import ledger, result_cache, telemetry
+from llmbatch import ledger, telemetry
 from llmbatch.config import model_identity
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput, TokenCounts
 from llmbatch.contract.names import GENERATE
 from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import FailureType, ItemStatus, ResultSource
-from llmbatch.dedup import cache_key, request_key
+from llmbatch.dedup import leads, result_cache
+from llmbatch.dedup.keys import cache_key, request_key
 from llmbatch.engine import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -95,7 +96,7 @@ class GenerateActivities:
             requests = {r.item_id: r for r in load_jsonl(staged, StagedRequest)}
             read_span.set_attributes(telemetry.attrs(bytes=len(staged), rows=len(requests)))
         # Fenced by attempt: a stale attempt that starts late takes nothing from a newer one.
-        claimed = await ledger.claim_items(
+        claimed = await ledger.items.claim_items(
             self._ctx.pool,
             job_id=job_id,
             item_ids=list(requests),
@@ -231,7 +232,7 @@ async def _give_back(
     except Exception as exc:  # a superseded attempt: its results are not ours to keep
         log.warning("attempt %s: results not kept on cancel: %s", lease, exc)
     try:
-        released = await ledger.release_items(
+        released = await ledger.items.release_items(
             ctx.pool, job_id=job_id, lease_owner=lease, item_ids=list(claimed)
         )
     except Exception as exc:  # the next attempt's claim takes them over anyway
@@ -258,7 +259,7 @@ class _PauseGate:
         if now - self._checked_at >= PAUSE_CHECK_EVERY_SECONDS:
             self._checked_at = now
             was_paused = self._paused
-            self._paused = await ledger.job_paused(self._ctx.pool, job_id=self._job_id)
+            self._paused = await ledger.jobs.job_paused(self._ctx.pool, job_id=self._job_id)
             if self._paused != was_paused:
                 log.info("job %s %s", self._job_id, "paused" if self._paused else "resumed")
         return self._paused
@@ -384,7 +385,7 @@ class _Leads:
         if not groups:
             return [], []
         pool = self._ctx.pool
-        current = await ledger.leads(
+        current = await leads.leads(
             pool, job_id=self._job_id, request_keys=[g.key for g in groups if g.key]
         )
         open_: list[_Group] = []
@@ -396,7 +397,7 @@ class _Leads:
                 )
             else:
                 open_.append(group)
-        taken = await ledger.take_leads(
+        taken = await leads.take_leads(
             pool,
             job_id=self._job_id,
             leads=[(g.key or "", g.items[0].item_id) for g in open_],
@@ -421,7 +422,7 @@ class _Leads:
         if not self._leading:
             return
         try:
-            await ledger.renew_leads(self._ctx.pool, job_id=self._job_id, lease_owner=self._lease)
+            await leads.renew_leads(self._ctx.pool, job_id=self._job_id, lease_owner=self._lease)
         except Exception as exc:  # the ledger is away: others may take over, nothing lost
             log.warning("attempt %s: leads not renewed: %s", self._lease, exc)
 
@@ -444,8 +445,8 @@ class _Recorder:
         self._progress = progress
         # What went to the engine, by request index: the group each request answers.
         self._submitted = [_Group(None, [r]) for r in todo]
-        self._results: list[ledger.ItemResult] = []
-        self._dead: list[ledger.DeadItem] = []
+        self._results: list[ledger.items.ItemResult] = []
+        self._dead: list[ledger.items.DeadItem] = []
         self._cache: list[result_cache.NewEntry] = []
         self._last_flush = time.monotonic()
         self.succeeded = 0
@@ -497,7 +498,7 @@ class _Recorder:
             return group
         for request in group.items:
             self._dead.append(
-                ledger.DeadItem(
+                ledger.items.DeadItem(
                     item_id=request.item_id,
                     shard=self._input.shard,
                     error_class=result.error_class,
@@ -521,7 +522,7 @@ class _Recorder:
         first = group.items[0].item_id
         for n, request in enumerate(group.items):
             self._results.append(
-                ledger.ItemResult(
+                ledger.items.ItemResult(
                     item_id=request.item_id,
                     result=result,
                     prompt_tokens=prompt_tokens,
@@ -562,7 +563,7 @@ class _Recorder:
         lead, or the cache): ``shared`` has ``result`` and token counts."""
         for request in group.items:
             self._results.append(
-                ledger.ItemResult(
+                ledger.items.ItemResult(
                     item_id=request.item_id,
                     result=shared.result,
                     prompt_tokens=shared.prompt_tokens or 0,
@@ -592,7 +593,7 @@ class _Recorder:
         # The engine's work first: it was done whether or not the results are kept.
         await self._record_usage()
         if results:
-            written = await ledger.record_results(
+            written = await ledger.items.record_results(
                 pool, job_id=job_id, lease_owner=self._lease, results=results
             )
             if written < len(results):
@@ -629,7 +630,7 @@ class _Recorder:
                 entries=cache,
             )
         if dead:
-            written = await ledger.record_dead(
+            written = await ledger.items.record_dead(
                 pool, job_id=job_id, lease_owner=self._lease, items=dead
             )
             if written < len(dead):
@@ -645,7 +646,7 @@ class _Recorder:
         requests, busy_s = self._usage.requests, self._usage.busy_s
         if (requests, busy_s) == self._usage_recorded:
             return
-        await ledger.record_usage(
+        await ledger.usage.record_usage(
             self._ctx.pool,
             job_id=self.job_id,
             shard=self._input.shard,

@@ -13,7 +13,7 @@ from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
-from llmbatch.dedup import request_key
+from llmbatch.dedup.keys import request_key
 from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.render_pool import Rendered
 from llmbatch.templates import TemplateError
@@ -46,7 +46,7 @@ class RenderActivities:
             overrides=input.sampling_overrides,
             rendered=dict(zip(templated, outcomes, strict=True)),
         )
-        registered = await ledger.register_items(
+        registered = await ledger.items.register_items(
             self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(spec, rows, requests)
         )
         if registered.elsewhere:
@@ -56,7 +56,7 @@ class RenderActivities:
             for row in repeated:
                 requests.pop(row.fields_id, None)
                 dead.append(
-                    ledger.DeadItem(
+                    ledger.items.DeadItem(
                         item_id=row.item_id,
                         shard=shard,
                         error_class=ErrorClass.INVALID_ITEM_ID,
@@ -64,7 +64,7 @@ class RenderActivities:
                         source=row.source,
                     )
                 )
-            registered = await ledger.register_items(
+            registered = await ledger.items.register_items(
                 self._ctx.pool,
                 job_id=spec.job_id,
                 shard=shard,
@@ -73,7 +73,7 @@ class RenderActivities:
         done = registered.done
         todo_dead = [d for d in dead if d.item_id not in done]
         if todo_dead:
-            marked = await ledger.record_dead(
+            marked = await ledger.items.record_dead(
                 self._ctx.pool, job_id=spec.job_id, lease_owner=None, items=todo_dead
             )
             telemetry.metrics().count_items(
@@ -112,9 +112,9 @@ def _rename_repeated(
 
 def _new_items(
     spec: JobSpec, rows: list[StagedRow], requests: dict[str, StagedRequest]
-) -> list[ledger.NewItem]:
+) -> list[ledger.items.NewItem]:
     return [
-        ledger.NewItem(
+        ledger.items.NewItem(
             item_id=row.item_id, ordinal=row.ordinal, prompt_hash=prompt_hash, source=row.source
         )
         for row, prompt_hash in _hashes(spec, rows, requests)
@@ -136,7 +136,7 @@ def _render(
     shard: int,
     overrides: dict[str, Any],
     rendered: Mapping[int, Rendered],
-) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
+) -> tuple[dict[str, StagedRequest], list[ledger.items.DeadItem]]:
     """Staged requests and dead items for ``rows``; ``rendered`` holds the template's
     outcome for the rows at the positions :func:`_templated` gives."""
     if spec.task is Task.EMBED:
@@ -144,11 +144,11 @@ def _render(
     # A re-drive's sampling fields win over the job's and the request's own.
     default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
-    dead: list[ledger.DeadItem] = []
+    dead: list[ledger.items.DeadItem] = []
 
     def fail(row: StagedRow, error_class: ErrorClass, message: str) -> None:
         dead.append(
-            ledger.DeadItem(
+            ledger.items.DeadItem(
                 item_id=row.item_id,
                 shard=shard,
                 error_class=error_class,
@@ -205,13 +205,13 @@ def _render_embed(
     shard: int,
     overrides: dict[str, Any],
     rendered: Mapping[int, Rendered],
-) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
+) -> tuple[dict[str, StagedRequest], list[ledger.items.DeadItem]]:
     """:func:`_render` for an embed job: each row's texts to embed. A re-drive's
     ``truncate_prompt_tokens`` wins over the job's and the line's own options."""
     job_options = spec.embed_options
     default = job_options.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
-    dead: list[ledger.DeadItem] = []
+    dead: list[ledger.items.DeadItem] = []
     for index, row in enumerate(rows):
         failure: tuple[ErrorClass, str] | None = None
         texts: list[str] = []
@@ -239,7 +239,7 @@ def _render_embed(
                     failure = (ErrorClass.INVALID_PROMPT, "the text to embed is empty")
         if failure is not None:
             dead.append(
-                ledger.DeadItem(
+                ledger.items.DeadItem(
                     item_id=row.item_id,
                     shard=shard,
                     error_class=failure[0],

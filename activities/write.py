@@ -34,7 +34,7 @@ class WriteActivities:
             r.item_id: r
             for r in load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow)
         }
-        entries = await ledger.shard_results(self._ctx.pool, job_id=spec.job_id, shard=shard)
+        entries = await ledger.items.shard_results(self._ctx.pool, job_id=spec.job_id, shard=shard)
         unfinished = [e.item_id for e in entries if e.status not in TERMINAL_STATUSES]
         if unfinished:
             raise ApplicationError(
@@ -53,7 +53,7 @@ class WriteActivities:
             else:
                 summary.dead += 1
         summary.tokens = tokens
-        summary.usage = await ledger.usage(self._ctx.pool, job_id=spec.job_id, shard=shard)
+        summary.usage = await ledger.usage.usage(self._ctx.pool, job_id=spec.job_id, shard=shard)
         telemetry.annotate(
             job_id=spec.job_id,
             shard=shard,
@@ -100,7 +100,9 @@ class WriteActivities:
         return summary
 
 
-async def _sweep_vectors(ctx: ActivityContext, folder: str, entries: list[ledger.LedgerRow]) -> int:
+async def _sweep_vectors(
+    ctx: ActivityContext, folder: str, entries: list[ledger.items.LedgerRow]
+) -> int:
     """Delete the shard's vector objects that none of its items points to: those of
     attempts that crashed or were superseded between writing an object and recording
     it (their items were embedded again). Return how many went.
@@ -128,7 +130,7 @@ async def _sweep_vectors(ctx: ActivityContext, folder: str, entries: list[ledger
     return len(stray)
 
 
-def _dead_line(spec: JobSpec, entry: ledger.LedgerRow) -> dict[str, Any]:
+def _dead_line(spec: JobSpec, entry: ledger.items.LedgerRow) -> dict[str, Any]:
     """A dead item of OpenAI batch input, as the error file's line."""
     return openai_batch.dead_line(
         job_id=spec.job_id,
@@ -139,7 +141,7 @@ def _dead_line(spec: JobSpec, entry: ledger.LedgerRow) -> dict[str, Any]:
     )
 
 
-def _error_line(entry: ledger.LedgerRow) -> dict[str, Any]:
+def _error_line(entry: ledger.items.LedgerRow) -> dict[str, Any]:
     return {
         "item_id": entry.item_id,
         "error": {
@@ -151,7 +153,9 @@ def _error_line(entry: ledger.LedgerRow) -> dict[str, Any]:
     }
 
 
-def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -> dict[str, Any]:
+def _output_row(
+    spec: JobSpec, entry: ledger.items.LedgerRow, row: StagedRow | None
+) -> dict[str, Any]:
     fields = (row.fields if row is not None else None) or {}
     if spec.output_fields is not None:
         fields = {k: fields.get(k) for k in spec.output_fields}
@@ -181,7 +185,7 @@ def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -
 
 def _embedding_part(
     spec: JobSpec,
-    entries: list[ledger.LedgerRow],
+    entries: list[ledger.items.LedgerRow],
     rows: dict[str, StagedRow],
     vectors: Vectors,
 ) -> bytes:
@@ -236,7 +240,7 @@ def _vector_column(vectors: list[bytes | None]) -> pa.Array:
 
 def _openai_lines(
     spec: JobSpec,
-    entries: list[ledger.LedgerRow],
+    entries: list[ledger.items.LedgerRow],
     rows: dict[str, StagedRow],
     vectors: Vectors | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

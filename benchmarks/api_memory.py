@@ -123,7 +123,7 @@ def serve(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
 
 
 async def new_key(settings: Settings) -> str:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
     try:
         return (await create_key(pool, project="bench")).secret
     finally:

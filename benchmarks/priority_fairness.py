@@ -147,7 +147,7 @@ async def overtake_round(
     small = b.spec("small", small_rows, **small_fields)
     small_s = await b.run(small)
     small_end = time.monotonic()
-    counts = await ledger.job_counts(b.pool, job_id=large.job_id)
+    counts = await ledger.jobs.job_counts(b.pool, job_id=large.job_id)
     await large_task
     return OvertakeRound(
         small_s=small_s,
@@ -183,7 +183,7 @@ async def fairness_round(
 
 async def bench(args: argparse.Namespace, settings: Settings, model: str, work: Path) -> None:
     client = await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     b = Bench(
         settings=settings,
         client=client,

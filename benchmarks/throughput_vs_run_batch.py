@@ -65,7 +65,7 @@ async def through_api(settings: Settings, src: Path, n: int, log_dir: Path) -> f
     from llmbatch.api.auth import create_key
     from llmbatch.devstack.process import free_port
 
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
     try:
         key = (await create_key(pool, project="bench")).secret
     finally:

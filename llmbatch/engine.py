@@ -496,7 +496,7 @@ class Engine:
             llm = AsyncLLM.from_engine_args(options.to_engine_args())
         # vLLM's own tokenizer: the prompt we count is exactly the prompt it runs.
         engine = cls(llm, llm.get_tokenizer(), options)
-        from llmbatch.dedup import weights_fingerprint
+        from llmbatch.dedup.keys import weights_fingerprint
 
         # Once per worker, next to the model load it is small beside.
         engine.weights = await asyncio.to_thread(

@@ -21,7 +21,7 @@ from llmbatch.contract.states import ErrorClass
 from llmbatch.vectors import floats
 
 if TYPE_CHECKING:
-    from llmbatch.ledger import LedgerRow
+    from llmbatch.ledger.items import LedgerRow
 
 CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
 COMPLETIONS_URL = ApiEndpoint.COMPLETIONS.value

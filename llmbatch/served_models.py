@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from llmbatch.ledger import Database
+from llmbatch.ledger.db import Database
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ class StagedVectors(BaseModel):
 
 
 async def read_vectors(
-    read: Callable[[str], Awaitable[bytes]], entries: Iterable[ledger.LedgerRow]
+    read: Callable[[str], Awaitable[bytes]], entries: Iterable[ledger.items.LedgerRow]
 ) -> Vectors:
     """The vectors of the succeeded items among ``entries``, each object read once
     (a shard's items point to a few objects of up to a flush's worth each)."""

@@ -63,7 +63,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
 async def cpu_worker(settings: Settings, *, client: Client | None = None) -> AsyncIterator[Worker]:
     """Run a CPU worker for the duration of the block (used by the CLI and tests)."""
     client = client or await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     ctx = ActivityContext(settings=settings, pool=pool)
     try:
         async with build_cpu_worker(client, ctx) as w:
@@ -85,7 +85,7 @@ async def run_cpu_worker(settings: Settings) -> None:
     client = await check_services(settings)
     name = "cpu worker"
     try:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         try:
             await serve(
                 build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)),

@@ -80,7 +80,7 @@ async def gpu_worker(
 ) -> AsyncIterator[Worker]:
     """Run a GPU worker on an already started engine for the duration of the block."""
     client = client or await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
         worker = build_gpu_worker(
             client,
@@ -119,7 +119,7 @@ async def run_gpu_worker(
 
     name = "gpu worker"
     try:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         try:
             worker = build_gpu_worker(
                 client,
@@ -150,7 +150,7 @@ async def run_gpu_worker(
 
 
 def _advertised(
-    pool: ledger.Database, worker: Worker, settings: Settings, model: str, task: Task
+    pool: ledger.db.Database, worker: Worker, settings: Settings, model: str, task: Task
 ) -> contextlib.AbstractAsyncContextManager[None]:
     # So `GET /v1/models` can name the model behind this worker's hashed queue.
     return advertised(

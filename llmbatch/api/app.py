@@ -27,7 +27,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         try:
             temporal = await connect(settings)
             app.state.services = Services(

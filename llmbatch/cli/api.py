@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
 async def _pool(settings: Settings) -> asyncpg.Pool:
     from llmbatch import ledger
 
-    return await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    return await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
 
 
 @keys_app.command("create")
@@ -95,11 +95,11 @@ def list_keys(as_json: JsonOption = False) -> None:
 
 
 async def _list(settings: Settings, *, as_json: bool) -> None:
-    from llmbatch.api import store
+    from llmbatch.ledger import api_records
 
     pool = await _pool(settings)
     try:
-        keys = await store.list_keys(pool)
+        keys = await api_records.list_keys(pool)
     finally:
         await pool.close()
     rows = [
@@ -132,11 +132,11 @@ def revoke_key(key_id: Annotated[str, typer.Argument(help="The key's id (key_...
 
 
 async def _revoke(settings: Settings, *, key_id: str) -> None:
-    from llmbatch.api import store
+    from llmbatch.ledger import api_records
 
     pool = await _pool(settings)
     try:
-        revoked = await store.revoke_key(pool, key_id=key_id)
+        revoked = await api_records.revoke_key(pool, key_id=key_id)
     finally:
         await pool.close()
     if not revoked:

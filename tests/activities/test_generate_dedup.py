@@ -78,10 +78,10 @@ def _output(out: Path, job_id: str) -> list[dict[str, Any]]:
 
 async def _usage(settings: Settings, job_id: str) -> tuple[ledger.Usage, int]:
     """The job's usage, and how many dedup leads it left behind."""
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
         leads = await pool.fetchval("SELECT count(*) FROM dedup_leads WHERE job_id = $1", job_id)
-        return await ledger.usage(pool, job_id=job_id), leads
+        return await ledger.usage.usage(pool, job_id=job_id), leads
     finally:
         await pool.close()
 

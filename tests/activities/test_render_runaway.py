@@ -95,7 +95,7 @@ async def test_runaway_huge_range_and_blow_up_rows_die_alone_with_safe_messages(
 
     assert summary.state == "completed_with_errors"
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (10, 6, 4)
-    pool = await ledger.create_pool(workers.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value())
     try:
         items = await items_by_id(pool, spec.job_id)
     finally:

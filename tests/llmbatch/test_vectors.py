@@ -14,8 +14,10 @@ def f32(*values: float) -> bytes:
     return array.array("f", values).tobytes()
 
 
-def row(item_id: str, status: ItemStatus, result: dict[str, object] | None) -> ledger.LedgerRow:
-    return ledger.LedgerRow(
+def row(
+    item_id: str, status: ItemStatus, result: dict[str, object] | None
+) -> ledger.items.LedgerRow:
+    return ledger.items.LedgerRow(
         item_id=item_id,
         ordinal=0,
         status=status,

@@ -96,7 +96,7 @@ async def test_cpu_worker_killed_in_fetch_and_in_write_every_item_once(
     root = f"out/{spec.job_id}"
     rows_key = f"{root}/_staging/shard-{FETCH_KILL_SHARD:05d}/rows.jsonl"
     part_key = f"{root}/part-{WRITE_KILL_SHARD:05d}.jsonl"
-    pool = await ledger.create_pool(workers.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value())
     procs = []
     with FaultInjectingS3Proxy(workers.s3_endpoint_url or "") as proxy:
         # A CPU queue of its own; the GPU queue stays the session's in-process worker's.

@@ -57,7 +57,7 @@ async def test_dead_engine_exits_the_worker_and_the_job_completes(
         max_concurrent_shards=2,
         output_uri=f"file://{tmp_path / 'out'}",
     )
-    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     first = gpu_worker_process(stack, model, tmp_path / "gpu-1.log")
     second = None
     try:

@@ -37,7 +37,7 @@ PROJECT = "proj-flow"
 
 @pytest_asyncio.fixture
 async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await ledger.create_pool(pg_dsn, max_size=2)
+    pool = await ledger.db.create_pool(pg_dsn, max_size=2)
     try:
         yield pool
     finally:
@@ -260,7 +260,7 @@ async def run_until_first_shard_done_then_pause(
     other shard starts: what is done and what is not is then fixed."""
 
     async def first_shard_done() -> bool:
-        rows = await ledger.shard_results(pool, job_id=handle.id, shard=0)
+        rows = await ledger.items.shard_results(pool, job_id=handle.id, shard=0)
         if bool(rows) and all(r.status is ItemStatus.SUCCEEDED for r in rows):
             return True
         # Say so at once if the batch ended first (its window passed on a slow machine).
@@ -286,7 +286,7 @@ async def check_partial(
     assert err_ids == [c for c in ids if c in set(err_ids)]
     assert set(ids[:2]) <= set(out_ids) and set(ids[4:]) <= set(err_ids)
     assert {x["error"]["code"] for x in err} == {code}
-    counts = await ledger.job_counts(pool, job_id=batch["batch_id"])
+    counts = await ledger.jobs.job_counts(pool, job_id=batch["batch_id"])
     assert counts.succeeded == len(out_ids)
     return len(out_ids)
 

@@ -102,10 +102,10 @@ def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-async def ledger_counts(settings: Settings, job: str) -> ledger.JobCounts:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+async def ledger_counts(settings: Settings, job: str) -> ledger.jobs.JobCounts:
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        return await ledger.job_counts(pool, job_id=job)
+        return await ledger.jobs.job_counts(pool, job_id=job)
     finally:
         await pool.close()
 

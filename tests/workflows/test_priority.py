@@ -137,7 +137,7 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
     # One tenant for both, so that only their priorities differ (another tenant's job
     # would overtake the queue by fairness alone).
     small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant=TENANT)
-    pool = await ledger.create_pool(pg_dsn)
+    pool = await ledger.db.create_pool(pg_dsn)
     large_handle, _ = await start_job(temporal_client, large, settings=workers)
     try:
         for _ in range(1200):
@@ -150,7 +150,7 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
 
         small_handle, _ = await start_job(temporal_client, small, settings=workers)
         small_summary = await job_result(small_handle)
-        large_then = await ledger.job_counts(pool, job_id=large.job_id)
+        large_then = await ledger.jobs.job_counts(pool, job_id=large.job_id)
         assert small_summary.items_succeeded == SMALL_ROWS
 
         # Ahead of the queue: of the large job's generate steps that were waiting when

@@ -70,9 +70,9 @@ async def run(client: Client, settings: Settings, spec: JobSpec) -> JobSummary:
 
 
 async def dead_items(settings: Settings, job_id: str) -> list[DeadLetterEntry]:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        return await ledger.dead_items(pool, job_id=job_id)
+        return await ledger.dead_letters.dead_items(pool, job_id=job_id)
     finally:
         await pool.close()
 

@@ -14,9 +14,10 @@ import httpx
 import openai
 import pytest
 
-from llmbatch.api import layout, store
+from llmbatch.api import layout
 from llmbatch.config import Settings
 from llmbatch.demo import settings_env
+from llmbatch.ledger import api_records
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.llmbatch.api.helpers import assert_openai_error, batch_file
 
@@ -75,7 +76,7 @@ async def test_a_project_cannot_see_another_projects_files_or_batches(
     )
     f = theirs.files.create(file=("t.jsonl", batch_file("m", 1)), purpose="batch")
     # Their batch, recorded as the server records one (no worker needed to see it).
-    batch = await store.insert_batch(
+    batch = await api_records.insert_batch(
         api_pool,
         batch_id=layout.new_batch_id(),
         project=theirs_project,

@@ -9,7 +9,8 @@ import asyncpg
 import openai
 import pytest
 
-from llmbatch.api import layout, store
+from llmbatch.api import layout
+from llmbatch.ledger import api_records
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.llmbatch.api.helpers import assert_openai_error, batch_file
 
@@ -88,7 +89,7 @@ async def test_limits_answer_400_and_429(
     # them, so none can finish before the third is asked for.
     f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
     for _ in range(2):
-        await store.insert_batch(
+        await api_records.insert_batch(
             api_pool,
             batch_id=layout.new_batch_id(),
             project=project,

@@ -64,9 +64,9 @@ async def finished(client: Client, job_id: str) -> JobSummary:
 
 
 async def item_count(settings: Settings, job_id: str) -> int:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        return (await ledger.job_counts(pool, job_id=job_id)).succeeded
+        return (await ledger.jobs.job_counts(pool, job_id=job_id)).succeeded
     finally:
         await pool.close()
 

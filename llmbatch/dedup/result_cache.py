@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from llmbatch.ledger import Database
+from llmbatch.ledger.db import Database
 
 
 @dataclass(slots=True)

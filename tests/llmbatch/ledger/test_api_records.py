@@ -7,8 +7,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from llmbatch.api import records
 from llmbatch.contract.states import BatchStatus
+from llmbatch.ledger import api_records as records
 
 BATCH = "batch_0123"
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import asyncpg
 
-from llmbatch import ledger, result_cache
+from llmbatch import ledger
 from llmbatch.contract.spec import SamplingSpec
-from llmbatch.dedup import cache_key, request_key, weights_fingerprint
+from llmbatch.dedup import leads, result_cache
+from llmbatch.dedup.keys import cache_key, request_key, weights_fingerprint
 from llmbatch.tiny_model import build_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about ACME."}]
@@ -69,14 +70,14 @@ async def test_a_lead_is_held_by_its_items_lease_and_taken_over_when_that_dies(
     ledger_pool: asyncpg.Pool,
 ) -> None:
     job, key = "lead-job", "k" * 64
-    items = [ledger.NewItem(item_id=i, ordinal=n, prompt_hash=key, source="s") for n, i in
+    items = [ledger.items.NewItem(item_id=i, ordinal=n, prompt_hash=key, source="s") for n, i in
              enumerate(["a1", "b1"])]  # fmt: skip
-    await ledger.register_items(ledger_pool, job_id=job, shard=0, items=items[:1])
-    await ledger.register_items(ledger_pool, job_id=job, shard=1, items=items[1:])
-    await ledger.claim_items(ledger_pool, job_id=job, item_ids=["a1"], lease_owner="A#1")
-    await ledger.claim_items(ledger_pool, job_id=job, item_ids=["b1"], lease_owner="B#1")
+    await ledger.items.register_items(ledger_pool, job_id=job, shard=0, items=items[:1])
+    await ledger.items.register_items(ledger_pool, job_id=job, shard=1, items=items[1:])
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["a1"], lease_owner="A#1")
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["b1"], lease_owner="B#1")
 
-    take = ledger.take_leads
+    take = leads.take_leads
     assert await take(
         ledger_pool, job_id=job, leads=[(key, "a1")], lease_owner="A#1", stale_after_s=60
     ) == {key}
@@ -84,11 +85,11 @@ async def test_a_lead_is_held_by_its_items_lease_and_taken_over_when_that_dies(
     assert not await take(
         ledger_pool, job_id=job, leads=[(key, "b1")], lease_owner="B#1", stale_after_s=60
     )
-    assert (await ledger.leads(ledger_pool, job_id=job, request_keys=[key]))[key].result is None
+    assert (await leads.leads(ledger_pool, job_id=job, request_keys=[key]))[key].result is None
 
     # A's worker died; its retry claimed the item again under another lease: the lead
     # is free, and exactly one of two shards asking takes it.
-    await ledger.claim_items(ledger_pool, job_id=job, item_ids=["a1"], lease_owner="A#2")
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["a1"], lease_owner="A#2")
     assert await take(
         ledger_pool, job_id=job, leads=[(key, "b1")], lease_owner="B#1", stale_after_s=60
     ) == {key}
@@ -100,14 +101,14 @@ async def test_a_lead_is_held_by_its_items_lease_and_taken_over_when_that_dies(
         ledger_pool, job_id=job, leads=[(key, "a1")], lease_owner="A#2", stale_after_s=0
     ) == {key}
     # Once the leader succeeded, followers read its result instead of leading.
-    await ledger.record_results(
+    await ledger.items.record_results(
         ledger_pool,
         job_id=job,
         lease_owner="A#2",
-        results=[ledger.ItemResult("a1", {"text": "t"}, 2, 1, 5.0)],
+        results=[ledger.items.ItemResult("a1", {"text": "t"}, 2, 1, 5.0)],
     )
     assert not await take(
         ledger_pool, job_id=job, leads=[(key, "b1")], lease_owner="B#1", stale_after_s=0
     )
-    lead = (await ledger.leads(ledger_pool, job_id=job, request_keys=[key]))[key]
+    lead = (await leads.leads(ledger_pool, job_id=job, request_keys=[key]))[key]
     assert (lead.item_id, lead.result, lead.completion_tokens) == ("a1", {"text": "t"}, 1)
