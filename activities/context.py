@@ -21,12 +21,12 @@ from llmbatch.render_pool import RenderPool
 class ActivityContext:
     settings: Settings
     pool: asyncpg.Pool
-    store: storage.Stores = field(init=False)
+    store: storage.stores.Stores = field(init=False)
     renders: RenderPool = field(init=False)
 
     def __post_init__(self) -> None:
         # The store for a URI's scheme, created once per worker process.
-        self.store = storage.Stores(self.settings)
+        self.store = storage.stores.Stores(self.settings)
         # Render processes start on first use; whoever builds the context closes it.
         self.renders = RenderPool(self.settings.render_limits)
 

@@ -145,7 +145,7 @@ class PlanningActivities:
         store = self._ctx.store(layout.output_root)
         try:
             objects = await asyncio.to_thread(store.list, f"{layout.output_root}/")
-        except storage.InputNotFound:
+        except storage.base.InputNotFound:
             # No output part at all (no shard wrote one): an empty list, not a fault
             # to retry for minutes.
             objects = []

@@ -120,7 +120,7 @@ async def _sweep_vectors(
     store = ctx.store(folder)
     try:
         objects = await asyncio.to_thread(store.list, folder)
-    except storage.InputNotFound:
+    except storage.base.InputNotFound:
         return 0  # nothing was embedded (every item died)
     stray = [o.uri for o in objects if o.uri.rsplit("/", 1)[-1] not in kept]
     for uri in stray:

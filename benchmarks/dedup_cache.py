@@ -138,7 +138,7 @@ def main() -> None:
         src = work / "batch.jsonl"
         src.write_bytes(chat_lines(n, model=model, max_tokens=args.max_tokens, repeat=args.repeat))
         data_uri = f"s3://{settings.s3_bucket}/bench/batch-{n}.jsonl"
-        storage.open_store(data_uri, settings).put_file(data_uri, src)
+        storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
 
         print(f"{n} requests, each distinct one {args.repeat} times", flush=True)
         peer_s = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS).batch_s

@@ -122,7 +122,7 @@ def upload(settings: Settings, work: Path, n: int, model: str) -> tuple[Path, st
     src = work / f"batch-{n}.jsonl"
     src.write_bytes(batch_lines(n, model=model))
     data_uri = f"s3://{settings.s3_bucket}/bench/embeddings-{n}.jsonl"
-    storage.open_store(data_uri, settings).put_file(data_uri, src)
+    storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
     return src, data_uri
 
 

@@ -65,7 +65,7 @@ class Bench:
     def upload(self, name: str, rows: int) -> str:
         uri = f"s3://{self.settings.s3_bucket}/bench-priority/{name}.jsonl"
         body = "".join(json.dumps({"text": f"{name} row {i}"}) + "\n" for i in range(rows))
-        storage.open_store(uri, self.settings).put_bytes(uri, body.encode())
+        storage.stores.open_store(uri, self.settings).put_bytes(uri, body.encode())
         return uri
 
     def spec(self, name: str, rows: int, **fields: Any) -> JobSpec:

@@ -162,7 +162,7 @@ def main() -> None:
     src = work / "batch.jsonl"
     src.write_bytes(chat_lines(args.requests, model=model, max_tokens=args.max_tokens))
     data_uri = f"s3://{settings.s3_bucket}/bench/batch-{args.requests}.jsonl"
-    storage.open_store(data_uri, settings).put_file(data_uri, src)
+    storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
 
     peer_job, peer_load, ours_job, ours_load, api_job = [], [], [], [], []
     for round_ in range(args.repeats):

@@ -14,7 +14,7 @@ from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.render_pool import render_isolated
 from llmbatch.templates import PromptTemplate, RenderLimits, TemplateError
 
-StoreFor = Callable[[str], storage.ObjectStore]
+StoreFor = Callable[[str], storage.base.ObjectStore]
 
 
 class InvalidJobSpec(ValueError):
@@ -23,7 +23,7 @@ class InvalidJobSpec(ValueError):
 
 @dataclass(frozen=True)
 class InputsInfo:
-    objects: list[storage.ObjectInfo]
+    objects: list[storage.base.ObjectInfo]
     input_format: InputFormat
 
 
@@ -32,13 +32,13 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor, limits: RenderLimits) -> 
     check the prompt against their fields and on their first readable row, rendered
     under ``limits`` as every row will be."""
     check_output(spec, store_for)
-    objects: list[storage.ObjectInfo] = []
+    objects: list[storage.base.ObjectInfo] = []
     for uri in spec.inputs:
         try:
             objects.extend(store_for(uri).list(uri))
-        except storage.InputNotFound as exc:
+        except storage.base.InputNotFound as exc:
             raise InvalidJobSpec(str(exc)) from exc
-        except storage.StorageError as exc:
+        except storage.base.StorageError as exc:
             raise InvalidJobSpec(f"cannot read input {uri}: {exc}") from exc
     if not objects:
         raise InvalidJobSpec(f"no input objects match {', '.join(spec.inputs)}")
@@ -92,7 +92,7 @@ def validate_api_batch(
     for uri in spec.inputs:
         try:
             objects = store_for(uri).list(uri)
-        except storage.StorageError as exc:
+        except storage.base.StorageError as exc:
             raise InvalidJobSpec(f"cannot read input {uri}: {exc}") from exc
         for obj in objects:
             lines = formats.iter_lines(store_for(obj.uri), obj.uri, max_bytes=spec.max_row_bytes)
@@ -109,7 +109,7 @@ def check_output(spec: JobSpec, store_for: StoreFor) -> None:
     and a typo would go unnoticed) or a folder outside the workers' local roots."""
     try:
         store_for(spec.output_uri).check_output(spec.output_uri)
-    except storage.StorageError as exc:
+    except storage.base.StorageError as exc:
         raise InvalidJobSpec(f"cannot write output {spec.output_uri}: {exc}") from exc
 
 
@@ -117,7 +117,7 @@ def _try_on_sample(
     spec: JobSpec,
     template: PromptTemplate,
     store_for: StoreFor,
-    obj: storage.ObjectInfo,
+    obj: storage.base.ObjectInfo,
     fmt: InputFormat,
     limits: RenderLimits,
 ) -> None:
@@ -157,7 +157,7 @@ def _no_rows(spec: JobSpec) -> str:
 
 
 def _check_has_rows(
-    spec: JobSpec, objects: list[storage.ObjectInfo], fmt: InputFormat, store_for: StoreFor
+    spec: JobSpec, objects: list[storage.base.ObjectInfo], fmt: InputFormat, store_for: StoreFor
 ) -> None:
     """Refuse a job without a single row (an empty file, a CSV header alone). Objects are
     read head first until one has a row, so a good job costs one read."""
@@ -169,7 +169,7 @@ def _check_has_rows(
     raise InvalidJobSpec(_no_rows(spec))
 
 
-def _check_request_sample(spec: JobSpec, obj: storage.ObjectInfo, store_for: StoreFor) -> None:
+def _check_request_sample(spec: JobSpec, obj: storage.base.ObjectInfo, store_for: StoreFor) -> None:
     """Refuse OpenAI batch input whose first requests ask for a parameter llm-batch does
     not run: every line is built alike, so the whole job would end dead-lettered.
     Other faults of a line stay that line's (it is dead-lettered, the rest runs)."""
@@ -197,7 +197,7 @@ def _check_request_sample(spec: JobSpec, obj: storage.ObjectInfo, store_for: Sto
         raise InvalidJobSpec(wrong_task[0])
 
 
-def _detect(objects: list[storage.ObjectInfo], store_for: StoreFor) -> InputFormat:
+def _detect(objects: list[storage.base.ObjectInfo], store_for: StoreFor) -> InputFormat:
     detected = set()
     for obj in objects:
         head = store_for(obj.uri).read_range(obj.uri, 0, min(obj.size, 64 * 1024))

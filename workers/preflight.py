@@ -138,7 +138,7 @@ async def check_object_store(settings: Settings) -> None:
     """Reach the S3 endpoint with the configured credentials and find the bucket."""
     endpoint = redact(settings.s3_endpoint_url) if settings.s3_endpoint_url else "AWS S3"
     bucket = settings.s3_bucket
-    client = storage.s3_client(settings, max_attempts=1, timeout_s=CHECK_TIMEOUT_S)
+    client = storage.s3.s3_client(settings, max_attempts=1, timeout_s=CHECK_TIMEOUT_S)
     try:
         await asyncio.to_thread(client.head_bucket, Bucket=bucket)
     except ClientError as exc:

@@ -18,7 +18,7 @@ from llmbatch.api.deps import Services
 from llmbatch.api.errors import install_handlers
 from llmbatch.client import connect
 from llmbatch.config import Settings
-from llmbatch.storage import S3Store
+from llmbatch.storage.s3 import S3Store
 
 
 def create_app(settings: Settings) -> FastAPI:

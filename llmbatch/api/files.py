@@ -17,7 +17,7 @@ from llmbatch.api.errors import ApiError, not_found
 from llmbatch.api.objects import CursorPage, FileDeleted, FileObject, page
 from llmbatch.api.upload import ObjectWriter, receive
 from llmbatch.ledger import api_records
-from llmbatch.storage import split_s3
+from llmbatch.storage.s3 import split_s3
 
 router = APIRouter()
 

@@ -89,7 +89,7 @@ async def _run_embed_demo(
     from llmbatch.contract.spec import JobSpec, OutputFormat
 
     data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
-    store = storage.open_store(data_uri, settings)
+    store = storage.stores.open_store(data_uri, settings)
     await asyncio.to_thread(store.put_bytes, data_uri, d.customers_csv(rows))
     out.print(f"uploaded {rows} customers to {data_uri}")
     client = await connect(settings)
@@ -151,7 +151,7 @@ async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: in
     from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 
     data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
-    store = storage.open_store(data_uri, settings)
+    store = storage.stores.open_store(data_uri, settings)
     await asyncio.to_thread(store.put_bytes, data_uri, d.customers_csv(rows))
     out.print(f"uploaded {rows} customers to {data_uri}")
 

@@ -302,5 +302,5 @@ async def check_inputs(spec: JobSpec, settings: Settings) -> None:
     fields are there, it renders the first row), here for an answer before anything is
     scheduled."""
     await asyncio.to_thread(
-        planning.inspect_inputs, spec, storage.Stores(settings), settings.render_limits
+        planning.inspect_inputs, spec, storage.stores.Stores(settings), settings.render_limits
     )

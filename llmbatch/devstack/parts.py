@@ -561,7 +561,7 @@ class SeaweedPart(Part):
         return known >= len(local)
 
     def _bucket_answers(self) -> bool:
-        from llmbatch.storage import s3_client
+        from llmbatch.storage.s3 import s3_client
 
         client = s3_client(self.settings, max_attempts=1, timeout_s=_PROBE_TIMEOUT_S)
         client.head_bucket(Bucket=self.settings.s3_bucket)

@@ -134,7 +134,7 @@ def jsonl(uri: str) -> list[dict[str, Any]]:
 
 
 def manifest(summary_manifest: str, settings: Settings) -> dict[str, Any]:
-    store = storage.open_store(summary_manifest, settings)
+    store = storage.stores.open_store(summary_manifest, settings)
     return dict(json.loads(store.read_bytes(summary_manifest)))
 
 

@@ -21,7 +21,9 @@ from llmbatch import formats
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat
 from llmbatch.contract.uris import scheme_of
-from llmbatch.storage import LocalStore, ObjectInfo, ObjectStore, open_store
+from llmbatch.storage.base import ObjectInfo, ObjectStore
+from llmbatch.storage.local import LocalStore
+from llmbatch.storage.stores import open_store
 
 # Format tests read only their own tmp files: no root to keep them in.
 STORE = LocalStore(["/"])

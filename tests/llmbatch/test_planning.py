@@ -17,7 +17,7 @@ from llmbatch.formats.detection import SNIFF_BYTES
 
 # Roots are not what these tests are about: every local path may be read here.
 SETTINGS = Settings(local_roots=[Path("/")])
-STORES = storage.Stores(SETTINGS)
+STORES = storage.stores.Stores(SETTINGS)
 
 
 def job(path: Path, **overrides: Any) -> JobSpec:

@@ -86,7 +86,7 @@ async def start_batch(
     as the server does."""
     file_id, batch_id = layout.new_file_id(), layout.new_batch_id()
     uri = layout.file_uri(settings.s3_bucket, file_id)
-    storage.open_store(uri, settings).put_bytes(uri, data)
+    storage.stores.open_store(uri, settings).put_bytes(uri, data)
     await pool.execute(
         "INSERT INTO api_files (file_id, project, purpose, filename, bytes, object_uri) "
         "VALUES ($1, $2, 'batch', 'in.jsonl', $3, $4)",
@@ -131,7 +131,7 @@ async def batch_row(pool: asyncpg.Pool, batch_id: str) -> dict[str, Any]:
 
 
 def file_lines(settings: Settings, pool_row: dict[str, Any]) -> list[dict[str, Any]]:
-    store = storage.open_store(pool_row["object_uri"], settings)
+    store = storage.stores.open_store(pool_row["object_uri"], settings)
     data = store.read_bytes(pool_row["object_uri"])
     assert len(data) == pool_row["bytes"]
     return [json.loads(line) for line in data.splitlines()]

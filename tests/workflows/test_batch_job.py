@@ -74,7 +74,7 @@ async def run(client: Client, settings: Settings, spec: JobSpec) -> JobSummary:
 
 
 def output_rows(settings: Settings, summary: JobSummary) -> list[dict[str, Any]]:
-    store = storage.open_store(summary.manifest, settings)
+    store = storage.stores.open_store(summary.manifest, settings)
     manifest = json.loads(store.read_bytes(summary.manifest))
     rows: list[dict[str, Any]] = []
     for part in manifest["output_parts"]:
@@ -114,7 +114,7 @@ async def test_csv_from_s3_every_item_once_and_choices_hold(
     workers: Settings, temporal_client: Client, bucket: str, model_name: str
 ) -> None:
     rows = companies(230)
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/companies.csv", csv_bytes(rows))
     spec = classify(
         inputs=[f"s3://{bucket}/in/*.csv"],
@@ -175,7 +175,7 @@ async def test_parquet_from_s3_with_json_schema_yields_parsed_objects(
     table = pa.Table.from_pylist(rows)
     buffer = io.BytesIO()
     pq.write_table(table, buffer, row_group_size=15)
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/companies.parquet", buffer.getvalue())
     schema = {
         "type": "object",
@@ -223,7 +223,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
     lines[7]["url"] = "/v1/embeddings"  # cannot run: goes to the error file
     lines[9]["body"]["model"] = "gpt-4o-mini"  # another model: never run on the job's
     data = jsonl_bytes(lines) + b"{not json\n"
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/batch.jsonl", data)
     spec = JobSpec(
         job_id=job_id("openai"),
@@ -265,7 +265,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
 async def test_same_job_id_twice_is_one_job_with_one_set_of_results(
     workers: Settings, temporal_client: Client, bucket: str, model_name: str
 ) -> None:
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(60)))
     spec = classify(
         inputs=[f"s3://{bucket}/in/c.csv"], output_uri=f"s3://{bucket}/out", model=model_name
@@ -289,7 +289,7 @@ async def test_same_job_id_twice_is_one_job_with_one_set_of_results(
 async def test_bad_jobs_are_refused_with_a_clear_message(
     workers: Settings, temporal_client: Client, bucket: str, model_name: str
 ) -> None:
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(3)))
 
     missing = classify(
@@ -355,7 +355,7 @@ async def test_jobs_started_directly_touch_no_file_outside_the_local_roots(
 async def test_output_to_a_missing_bucket_fails_and_creates_no_bucket(
     workers: Settings, temporal_client: Client, bucket: str, s3_client: Any, model_name: str
 ) -> None:
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(3)))
     missing = f"{bucket}-missing"
     spec = classify(

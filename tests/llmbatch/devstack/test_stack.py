@@ -69,7 +69,7 @@ def http_status(url: str) -> int:
 
 
 def s3(settings: Settings, *, secret: str | None = None) -> Any:
-    return storage.s3_client(settings, max_attempts=1, secret_access_key=secret)
+    return storage.s3.s3_client(settings, max_attempts=1, secret_access_key=secret)
 
 
 async def custom_search_attributes(settings: Settings) -> set[str]:

@@ -17,36 +17,38 @@ from llmbatch import storage
 from llmbatch.config import Settings
 from llmbatch.contract.uris import scheme_of, split_scheme
 from llmbatch.devstack.process import free_port
-from llmbatch.storage import InputNotFound, LocalStore, S3Store, StorageError
+from llmbatch.storage.base import InputNotFound, StorageError
+from llmbatch.storage.local import LocalStore
+from llmbatch.storage.s3 import S3Store
 
 # --- S3 -----------------------------------------------------------------------------
 
 
 @pytest.fixture
-def s3(storage_settings: Settings) -> storage.ObjectStore:
-    return storage.open_store("s3://any", storage_settings)
+def s3(storage_settings: Settings) -> storage.base.ObjectStore:
+    return storage.stores.open_store("s3://any", storage_settings)
 
 
-def put_keys(store: storage.ObjectStore, bucket: str, *keys: str) -> None:
+def put_keys(store: storage.base.ObjectStore, bucket: str, *keys: str) -> None:
     for key in keys:
         store.put_bytes(f"s3://{bucket}/{key}", key.encode())
 
 
-def uris(infos: list[storage.ObjectInfo]) -> list[str]:
+def uris(infos: list[storage.base.ObjectInfo]) -> list[str]:
     return [o.uri for o in infos]
 
 
 def test_open_store_dispatches_by_scheme(storage_settings: Settings) -> None:
-    assert isinstance(storage.open_store("s3://b/k", storage_settings), S3Store)
-    assert isinstance(storage.open_store("S3://b/k", storage_settings), S3Store)
+    assert isinstance(storage.stores.open_store("s3://b/k", storage_settings), S3Store)
+    assert isinstance(storage.stores.open_store("S3://b/k", storage_settings), S3Store)
     for uri in ("file:///tmp/x", "/tmp/x", "rel/x.csv", "x.csv"):
-        assert isinstance(storage.open_store(uri, storage_settings), LocalStore)
+        assert isinstance(storage.stores.open_store(uri, storage_settings), LocalStore)
     with pytest.raises(StorageError, match="unsupported URI scheme 'gs'"):
-        storage.open_store("gs://b/k", storage_settings)
+        storage.stores.open_store("gs://b/k", storage_settings)
 
 
 def test_s3_globs_stay_within_a_folder_unless_double_star(
-    s3: storage.ObjectStore, bucket: str
+    s3: storage.base.ObjectStore, bucket: str
 ) -> None:
     put_keys(s3, bucket, "in/b.jsonl", "in/a.jsonl", "in/c.csv", "in/sub/d.jsonl", "x.jsonl")
     base = f"s3://{bucket}"
@@ -59,11 +61,11 @@ def test_s3_globs_stay_within_a_folder_unless_double_star(
     assert uris(s3.list(f"{base}/in/[ab].*")) == [f"{base}/in/a.jsonl", f"{base}/in/b.jsonl"]
     assert uris(s3.list(f"{base}/in/?.csv")) == [f"{base}/in/c.csv"]
     assert uris(s3.list(f"{base}/*.jsonl")) == [f"{base}/x.jsonl"]
-    assert s3.list(f"{base}/in/a.jsonl") == [storage.ObjectInfo(f"{base}/in/a.jsonl", 10)]
+    assert s3.list(f"{base}/in/a.jsonl") == [storage.base.ObjectInfo(f"{base}/in/a.jsonl", 10)]
 
 
 def test_s3_folders_list_everything_below_except_hidden(
-    s3: storage.ObjectStore, bucket: str
+    s3: storage.base.ObjectStore, bucket: str
 ) -> None:
     put_keys(
         s3, bucket,
@@ -79,14 +81,14 @@ def test_s3_folders_list_everything_below_except_hidden(
     assert uris(s3.list(f"{base}/in/_SUCCESS")) == [f"{base}/in/_SUCCESS"]
 
 
-def test_s3_nothing_found_names_the_uri(s3: storage.ObjectStore, bucket: str) -> None:
+def test_s3_nothing_found_names_the_uri(s3: storage.base.ObjectStore, bucket: str) -> None:
     put_keys(s3, bucket, "in/a.jsonl")
     for uri in (f"s3://{bucket}/in/*.csv", f"s3://{bucket}/nothing/", f"s3://{bucket}/in/a"):
         with pytest.raises(InputNotFound, match=uri.replace("*", r"\*")):
             s3.list(uri)
-    with pytest.raises(storage.BucketNotFound, match="there is no bucket 'no-such-bucket-x'"):
+    with pytest.raises(storage.base.BucketNotFound, match="there is no bucket 'no-such-bucket-x'"):
         s3.list("s3://no-such-bucket-x/data/")
-    with pytest.raises(storage.BucketNotFound):
+    with pytest.raises(storage.base.BucketNotFound):
         s3.list("s3://no-such-bucket-x/data/*.csv")
     missing = f"s3://{bucket}/absent.jsonl"
     for call in (s3.size, s3.read_bytes, s3.open_read):
@@ -97,7 +99,7 @@ def test_s3_nothing_found_names_the_uri(s3: storage.ObjectStore, bucket: str) ->
     assert not s3.exists(missing)
 
 
-def test_s3_bad_uris_are_permanent_errors(s3: storage.ObjectStore, bucket: str) -> None:
+def test_s3_bad_uris_are_permanent_errors(s3: storage.base.ObjectStore, bucket: str) -> None:
     with pytest.raises(StorageError, match="names a bucket, not an object"):
         s3.put_bytes(f"s3://{bucket}", b"x")
     with pytest.raises(StorageError, match="not an s3://bucket/key URI"):
@@ -130,13 +132,13 @@ def test_s3_transient_errors_propagate_unchanged(storage_settings: Settings) -> 
     dead = storage_settings.model_copy(
         update={"s3_endpoint_url": f"http://127.0.0.1:{free_port()}"}
     )
-    store = S3Store(dead, client=storage.s3_client(dead, max_attempts=1))
+    store = S3Store(dead, client=storage.s3.s3_client(dead, max_attempts=1))
     with pytest.raises(BotoCoreError) as info:
         store.read_bytes("s3://b/k")
     assert not isinstance(info.value, StorageError)
 
 
-def test_s3_ranges_and_streaming_reads(s3: storage.ObjectStore, bucket: str) -> None:
+def test_s3_ranges_and_streaming_reads(s3: storage.base.ObjectStore, bucket: str) -> None:
     uri = f"s3://{bucket}/r.bin"
     data = bytes(range(256)) * 40  # 10,240 bytes
     s3.put_bytes(uri, data)
@@ -163,7 +165,7 @@ def drop_connection(reader: object) -> None:
 
 
 def test_s3_streaming_read_resumes_after_a_dropped_connection(
-    s3: storage.ObjectStore, bucket: str
+    s3: storage.base.ObjectStore, bucket: str
 ) -> None:
     uri = f"s3://{bucket}/big.bin"
     data = os.urandom(3 << 20)
@@ -213,7 +215,7 @@ def test_s3_read_range_resumes_after_a_dropped_connection() -> None:
 
 
 def test_s3_streaming_read_refuses_an_object_replaced_midway(
-    s3: storage.ObjectStore, bucket: str
+    s3: storage.base.ObjectStore, bucket: str
 ) -> None:
     uri = f"s3://{bucket}/big.bin"
     s3.put_bytes(uri, os.urandom(3 << 20))
@@ -226,7 +228,7 @@ def test_s3_streaming_read_refuses_an_object_replaced_midway(
 
 
 def test_s3_put_file_multipart_and_replace(
-    s3: storage.ObjectStore, bucket: str, tmp_path: Path
+    s3: storage.base.ObjectStore, bucket: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "big.bin"
     data = os.urandom(9 << 20)  # over boto3's 8 MiB multipart threshold
@@ -240,7 +242,7 @@ def test_s3_put_file_multipart_and_replace(
 
 
 def test_s3_delete_prefix_deletes_a_folder_and_nothing_beside_it(
-    s3: storage.ObjectStore, bucket: str
+    s3: storage.base.ObjectStore, bucket: str
 ) -> None:
     put_keys(s3, bucket, "out/a", "out/sub/b", "output/c", "out")
     base = f"s3://{bucket}"
@@ -281,7 +283,9 @@ def test_local_globs_folders_and_file_uris(tree: Path) -> None:
     assert uris(store.list(f"file://{d}")) == [f"file://{p}" for p in folder]
     assert uris(store.list(f"file://{d}/*.csv")) == [f"file://{d}/c.csv"]
     assert uris(store.list(f"file://localhost{d}/c.csv")) == [f"file://{d}/c.csv"]
-    assert store.list(str(d / "c.csv")) == [storage.ObjectInfo(str(d / "c.csv"), len("d/c.csv"))]
+    assert store.list(str(d / "c.csv")) == [
+        storage.base.ObjectInfo(str(d / "c.csv"), len("d/c.csv"))
+    ]
 
 
 def test_local_relative_paths_stay_relative(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -369,13 +373,13 @@ def test_local_store_reads_nothing_outside_its_roots(tmp_path: Path) -> None:
         f"file://{tmp_path}/*.csv",
         str(tmp_path),
     ):
-        with pytest.raises(storage.OutsideLocalRoots) as info:
+        with pytest.raises(storage.base.OutsideLocalRoots) as info:
             store.list(uri)
         message = str(info.value)
         # One line naming the path and the setting; nothing of the file.
         assert uri in message and "LLMBATCH_LOCAL_ROOTS" in message
         assert "hunter2" not in message and "\n" not in message
-        with pytest.raises(storage.OutsideLocalRoots):
+        with pytest.raises(storage.base.OutsideLocalRoots):
             store.read_bytes(uri)
     assert store.read_bytes(str(root / "ok.csv")) == b"a\n1\n"
 
@@ -390,12 +394,12 @@ def test_local_store_refuses_symlinks_that_point_out_of_its_roots(tmp_path: Path
     (root / "outside").symlink_to(tmp_path)
     store = LocalStore([root])
     for uri in (str(root / "in" / "b.csv"), str(root / "in"), f"{root}/in/*.csv"):
-        with pytest.raises(storage.OutsideLocalRoots, match="LLMBATCH_LOCAL_ROOTS"):
+        with pytest.raises(storage.base.OutsideLocalRoots, match="LLMBATCH_LOCAL_ROOTS"):
             store.list(uri)
-    with pytest.raises(storage.OutsideLocalRoots):
+    with pytest.raises(storage.base.OutsideLocalRoots):
         store.open_read(str(root / "in" / "b.csv"))
     # Writing through a symlinked folder would land outside too.
-    with pytest.raises(storage.OutsideLocalRoots):
+    with pytest.raises(storage.base.OutsideLocalRoots):
         store.put_bytes(str(root / "outside" / "x.csv"), b"x")
     assert not (tmp_path / "x.csv").exists()
     # A symlink that stays inside the roots is followed as before.
@@ -409,13 +413,13 @@ def test_local_store_writes_and_deletes_nothing_outside_its_roots(tmp_path: Path
     (tmp_path / "keep").write_bytes(b"k")
     store = LocalStore([root])
     for uri in (f"file://{root}/../../escaped/x.jsonl", str(tmp_path / "x.jsonl")):
-        with pytest.raises(storage.OutsideLocalRoots):
+        with pytest.raises(storage.base.OutsideLocalRoots):
             store.put_bytes(uri, b"x")
-        with pytest.raises(storage.OutsideLocalRoots):
+        with pytest.raises(storage.base.OutsideLocalRoots):
             store.check_output(uri)
-    with pytest.raises(storage.OutsideLocalRoots):
+    with pytest.raises(storage.base.OutsideLocalRoots):
         store.delete_prefix(str(tmp_path / "keep"))
-    with pytest.raises(storage.OutsideLocalRoots):
+    with pytest.raises(storage.base.OutsideLocalRoots):
         store.exists(str(tmp_path / "keep"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "root"]
     store.check_output(f"file://{root}/out")
@@ -424,7 +428,7 @@ def test_local_store_writes_and_deletes_nothing_outside_its_roots(tmp_path: Path
 
 
 def test_a_root_of_slash_allows_every_path(tmp_path: Path) -> None:
-    store = storage.open_store("/etc/os-release", Settings(local_roots=[Path("/")]))
+    store = storage.stores.open_store("/etc/os-release", Settings(local_roots=[Path("/")]))
     assert store.read_bytes("/etc/os-release") == Path("/etc/os-release").read_bytes()
     store.put_bytes(str(tmp_path / "x"), b"x")
 
@@ -436,19 +440,19 @@ def test_open_store_takes_the_roots_from_settings(
     (tmp_path / "b").mkdir()
     (tmp_path / "c").mkdir()
     monkeypatch.setenv("LLMBATCH_LOCAL_ROOTS", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
-    stores = storage.Stores(Settings())
+    stores = storage.stores.Stores(Settings())
     stores("x").put_bytes(str(tmp_path / "a" / "x"), b"x")
     stores("x").put_bytes(str(tmp_path / "b" / "x"), b"x")
-    with pytest.raises(storage.OutsideLocalRoots):
+    with pytest.raises(storage.base.OutsideLocalRoots):
         stores("x").put_bytes(str(tmp_path / "c" / "x"), b"x")
 
 
 def test_s3_check_output_refuses_a_missing_bucket_and_creates_none(
-    s3: storage.ObjectStore, bucket: str, s3_client: Any
+    s3: storage.base.ObjectStore, bucket: str, s3_client: Any
 ) -> None:
     s3.check_output(f"s3://{bucket}/out")
     missing = f"{bucket}-missing"
-    with pytest.raises(storage.BucketNotFound, match=f"bucket '{missing}' does not exist"):
+    with pytest.raises(storage.base.BucketNotFound, match=f"bucket '{missing}' does not exist"):
         s3.check_output(f"s3://{missing}/out")
     names = [b["Name"] for b in s3_client.list_buckets()["Buckets"]]
     assert bucket in names and missing not in names
@@ -474,16 +478,16 @@ def test_split_scheme_and_scheme_of(uri: str, split: tuple[str | None, str], sch
 
 
 def test_split_s3_and_local_path_refuse_other_schemes() -> None:
-    assert storage.split_s3("S3://b/a/k") == ("b", "a/k")
-    assert storage.split_s3("s3://b", need_key=False) == ("b", "")
+    assert storage.s3.split_s3("S3://b/a/k") == ("b", "a/k")
+    assert storage.s3.split_s3("s3://b", need_key=False) == ("b", "")
     for uri in ("/b/k", "file:///b/k", "gs://b/k", "s3:///k"):
         with pytest.raises(StorageError, match="not an s3://bucket/key URI"):
-            storage.split_s3(uri)
-    assert storage.local_path("FILE:///tmp/x") == Path("/tmp/x")
+            storage.s3.split_s3(uri)
+    assert storage.local.local_path("FILE:///tmp/x") == Path("/tmp/x")
     with pytest.raises(StorageError, match="not a file:// URI"):
-        storage.local_path("s3://b/k")
+        storage.local.local_path("s3://b/k")
     with pytest.raises(StorageError, match="name no host"):
-        storage.local_path("file://host/x")
+        storage.local.local_path("file://host/x")
 
 
 @pytest.mark.parametrize(
@@ -500,12 +504,12 @@ def test_split_s3_and_local_path_refuse_other_schemes() -> None:
     ],
 )
 def test_join(base: str, parts: tuple[str, ...], joined: str) -> None:
-    assert storage.join(base, *parts) == joined
+    assert storage.base.join(base, *parts) == joined
 
 
 def test_join_refuses_parent_parts() -> None:
     with pytest.raises(StorageError):
-        storage.join("/data", "../etc")
+        storage.base.join("/data", "../etc")
 
 
 @pytest.mark.parametrize(
@@ -521,7 +525,7 @@ def test_join_refuses_parent_parts() -> None:
     ],
 )
 def test_glob_regex(pattern: str, matches: list[str], misses: list[str]) -> None:
-    regex = storage.glob_regex(pattern)
+    regex = storage.globbing.glob_regex(pattern)
     assert all(regex.match(m) for m in matches)
     assert not any(regex.match(m) for m in misses)
 
@@ -530,7 +534,7 @@ def test_client_errors_map_to_permanent_or_transient() -> None:
     def error(code: str) -> ClientError:
         return ClientError({"Error": {"Code": code, "Message": "m"}}, "GetObject")
 
-    assert isinstance(storage._permanent(error("NoSuchKey"), "s3://b/k"), InputNotFound)
-    assert isinstance(storage._permanent(error("AccessDenied"), "s3://b/k"), StorageError)
+    assert isinstance(storage.s3.permanent_error(error("NoSuchKey"), "s3://b/k"), InputNotFound)
+    assert isinstance(storage.s3.permanent_error(error("AccessDenied"), "s3://b/k"), StorageError)
     for code in ("SlowDown", "InternalError", "503", "RequestTimeout"):
-        assert storage._permanent(error(code), "s3://b/k").__class__ is ClientError
+        assert storage.s3.permanent_error(error(code), "s3://b/k").__class__ is ClientError
