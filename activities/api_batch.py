@@ -15,7 +15,7 @@ from typing import IO, Any
 from temporalio import activity
 
 from activities.context import ActivityContext
-from llmbatch import formats, ledger, openai_batch
+from llmbatch import formats, ledger
 from llmbatch.api import layout
 from llmbatch.contract.messages import (
     ApiBatchEndInput,
@@ -26,8 +26,9 @@ from llmbatch.contract.messages import (
 from llmbatch.contract.names import FINISH_API_BATCH, SET_API_BATCH_STATUS
 from llmbatch.contract.spec import ApiEndpoint, JobSpec
 from llmbatch.contract.states import BatchStatus, ErrorClass, ItemStatus
+from llmbatch.formats import openai_batch
+from llmbatch.formats.vectors import read_vectors
 from llmbatch.ledger import api_records
-from llmbatch.vectors import read_vectors
 
 # Custom ids looked up in the ledger per query while the files are assembled: memory
 # stays bounded by this, whatever the batch's size.

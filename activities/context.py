@@ -14,7 +14,7 @@ import asyncpg
 from llmbatch import storage, telemetry
 from llmbatch.config import Settings
 from llmbatch.contract import uris
-from llmbatch.render_pool import RenderPool
+from llmbatch.rendering.pool import RenderPool
 
 
 @dataclass

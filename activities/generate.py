@@ -40,8 +40,8 @@ from llmbatch.engine import (
     GenerationRequest,
     GenerationResult,
 )
-from llmbatch.records import StagedRequest, load_jsonl
-from llmbatch.vectors import StagedVectors
+from llmbatch.formats.records import StagedRequest, load_jsonl
+from llmbatch.formats.vectors import StagedVectors
 
 log = logging.getLogger(__name__)
 

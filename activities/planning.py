@@ -10,7 +10,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import ledger, openai_batch, planning, storage
+from llmbatch import ledger, storage
 from llmbatch.contract.messages import (
     FinalizeInput,
     JobEndInput,
@@ -24,6 +24,7 @@ from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
 from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import BatchStatus
 from llmbatch.dedup import leads
+from llmbatch.formats import openai_batch, planning
 from llmbatch.ledger import api_records
 
 

@@ -8,15 +8,16 @@ from typing import Any
 from temporalio import activity
 
 from activities.context import ActivityContext
-from llmbatch import ledger, openai_batch, telemetry
+from llmbatch import ledger, telemetry
 from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.dedup.keys import request_key
-from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
-from llmbatch.render_pool import Rendered
-from llmbatch.templates import TemplateError
+from llmbatch.formats import openai_batch
+from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
+from llmbatch.rendering.pool import Rendered
+from llmbatch.rendering.templates import TemplateError
 
 
 class RenderActivities:
@@ -28,7 +29,7 @@ class RenderActivities:
         """Render every row; rows that can never run go to the dead list right here."""
         layout, spec, shard = input.layout, input.spec, input.shard
         rows = list(load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow))
-        # Templates render in child processes (llmbatch.render_pool): a runaway one
+        # Templates render in child processes (llmbatch.rendering.pool): a runaway one
         # costs its rows their time limit, never this worker's event loop.
         templated = _templated(rows, layout.input_format)
         # An embed job's text template renders as one message, in the same sandbox.

@@ -11,13 +11,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import formats, ledger, openai_batch, storage, telemetry
+from llmbatch import formats, ledger, storage, telemetry
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task
 from llmbatch.contract.states import TERMINAL_STATUSES, ItemStatus
-from llmbatch.records import StagedRow, load_jsonl
-from llmbatch.vectors import StagedVectors, Vectors, floats, read_vectors
+from llmbatch.formats import openai_batch
+from llmbatch.formats.records import StagedRow, load_jsonl
+from llmbatch.formats.vectors import StagedVectors, Vectors, floats, read_vectors
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ import psutil
 from llmbatch import ledger
 from llmbatch.api.auth import create_key
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, isolated_settings
+from llmbatch.devstack.demo import settings_env
 from llmbatch.devstack.process import free_port
 
 MB = 1 << 20

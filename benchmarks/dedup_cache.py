@@ -29,13 +29,13 @@ import psutil
 from peer import chat_lines, run_batch
 
 from llmbatch import storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import JobSpec
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack, isolated_settings
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 # The engine options of both sides (on CPU, --gpu-memory-utilization is a share of RAM).
 ENGINE_ARGS = [

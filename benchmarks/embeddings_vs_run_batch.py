@@ -34,14 +34,14 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
 from llmbatch.engine import cpu_engine_env
-from llmbatch.tiny_model import build_tiny_model
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
 # On CPU, --gpu-memory-utilization is the share of RAM (vLLM's default 0.92 fails here).

@@ -38,13 +38,13 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import ledger, storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.names import GENERATE, shard_workflow_id
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack, isolated_settings
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 # A small share of RAM for the engine's KV cache (the machine is shared).
 ENGINE_ARGS = [

@@ -31,12 +31,12 @@ from pathlib import Path
 from peer import chat_lines, run_batch
 
 from llmbatch import storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import JobSpec
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 # On CPU, --gpu-memory-utilization is the share of RAM (vLLM's default 0.92 fails here).
 ENGINE_ARGS = [
@@ -46,7 +46,7 @@ ENGINE_ARGS = [
 
 
 def _serve(settings: Settings, port: int, log_dir: Path) -> subprocess.Popen[bytes]:
-    from llmbatch.demo import settings_env
+    from llmbatch.devstack.demo import settings_env
 
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "serve.log").open("ab") as log:

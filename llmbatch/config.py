@@ -26,7 +26,7 @@ from pydantic_settings import (
 )
 
 from llmbatch.contract.spec import Task
-from llmbatch.templates import RenderLimits
+from llmbatch.rendering.templates import RenderLimits
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
@@ -141,7 +141,7 @@ class Settings(BaseSettings):
         # Fixed now: a relative root must not move with a later chdir.
         return [p.expanduser().absolute() for p in value]
 
-    # Prompt templates are caller input: a row's render is bounded (llmbatch.render_pool).
+    # Prompt templates are caller input: a row's render is bounded (llmbatch.rendering.pool).
     render_timeout_s: float = Field(
         default=5.0, gt=0, description="Wall-clock limit for rendering one row's prompt."
     )

@@ -1,7 +1,7 @@
 """OpenTelemetry: traces and metrics, configured by the standard ``OTEL_*`` variables.
 
 :func:`install` sets the process's tracer and meter providers once, from the
-environment; :func:`llmbatch.client.connect` calls it, so the CLI, the workers and
+environment; :func:`llmbatch.client.temporal.connect` calls it, so the CLI, the workers and
 anything else that talks to Temporal through llm-batch is covered. The SDK and the
 exporter packages read their own settings (``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_*`` endpoint, headers, timeout,

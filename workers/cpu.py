@@ -18,7 +18,7 @@ from activities.planning import PlanningActivities
 from activities.render import RenderActivities
 from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from workers.heartbeat import BackgroundHeartbeatInterceptor
 from workers.preflight import check_services
@@ -39,7 +39,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
         client,
         task_queue=ctx.settings.cpu_task_queue,
         workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
-        # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
+        # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         # Heartbeats: a killed worker's steps move on after their heartbeat timeout.
         interceptors=[*telemetry.worker_interceptors(client), BackgroundHeartbeatInterceptor()],
         activities=[

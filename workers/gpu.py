@@ -24,11 +24,11 @@ from temporalio.worker import Worker
 from activities.context import ActivityContext
 from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
 from llmbatch.engine import Engine, EngineOptions
-from llmbatch.served_models import advertised
+from llmbatch.ledger.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 
@@ -61,7 +61,7 @@ def build_gpu_worker(
         task_queue=ctx.settings.gpu_task_queue(model, task),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
-        # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
+        # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         interceptors=telemetry.worker_interceptors(client),
     )
 

@@ -19,9 +19,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import storage
-from llmbatch.client import TemporalUnavailable, connect_to, connection
+from llmbatch.client.temporal import TemporalUnavailable, connect_to, connection
 from llmbatch.config import Settings, redact
-from llmbatch.migrate import MigrationError, load_migrations
+from llmbatch.ledger.migrate import MigrationError, load_migrations
 from llmbatch.security.connection import explain_connect_error
 from workers.shutdown import one_line
 

@@ -16,7 +16,7 @@ from llmbatch import ledger
 from llmbatch.api import batches, files, models
 from llmbatch.api.deps import Services
 from llmbatch.api.errors import install_handlers
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.storage.s3 import S3Store
 

@@ -29,7 +29,7 @@ from llmbatch.api.objects import (
     CursorPage,
     page,
 )
-from llmbatch.client import model_has_worker, start_job
+from llmbatch.client.temporal import model_has_worker, start_job
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus
 from llmbatch.ledger import api_records

@@ -25,10 +25,10 @@ from rich.markup import escape
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch import planning
-from llmbatch.client import TemporalUnavailable
+from llmbatch.client.temporal import TemporalUnavailable
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
+from llmbatch.formats import planning
 
 # soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
 out = Console(soft_wrap=True)

@@ -19,7 +19,7 @@ from temporalio.client import (
 from llmbatch.cli import progress
 from llmbatch.cli.common import CliError, emit_json, emit_json_line, find_job, job_url, out, run
 from llmbatch.cli.jobview import follow_job, print_summary
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import JobControlState, JobProgress

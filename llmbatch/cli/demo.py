@@ -53,7 +53,7 @@ def demo(
     out.print(api.describe(), markup=False, highlight=False)
     gpu_args = ["--max-model-len", "512"]
     if model is None:
-        from llmbatch.tiny_model import build_tiny_model
+        from llmbatch.devstack.tiny_model import build_tiny_model
 
         model = str(build_tiny_model(settings.state_dir.resolve() / "models" / "tiny-llama"))
         if task is Task.EMBED:
@@ -83,10 +83,10 @@ def demo(
 async def _run_embed_demo(
     settings: Settings, model: str, *, rows: int, shard_size: int, gpu_args: list[str]
 ) -> None:
-    from llmbatch import demo as d
     from llmbatch import storage
-    from llmbatch.client import connect, start_job
+    from llmbatch.client.temporal import connect, start_job
     from llmbatch.contract.spec import JobSpec, OutputFormat
+    from llmbatch.devstack import demo as d
 
     data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
     store = storage.stores.open_store(data_uri, settings)
@@ -145,10 +145,10 @@ async def _run_embed_demo(
 
 
 async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: int) -> None:
-    from llmbatch import demo as d
     from llmbatch import storage
-    from llmbatch.client import connect, start_job
+    from llmbatch.client.temporal import connect, start_job
     from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+    from llmbatch.devstack import demo as d
 
     data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
     store = storage.stores.open_store(data_uri, settings)

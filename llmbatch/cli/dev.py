@@ -99,6 +99,6 @@ def tiny_model(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Build the tiny offline test model (random weights: its answers are random)."""
-    from llmbatch.tiny_model import build_tiny_model
+    from llmbatch.devstack.tiny_model import build_tiny_model
 
     typer.echo(str(build_tiny_model(path, seed=seed)))

@@ -10,7 +10,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out, run
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView, RedriveRequest, RedriveResult
 from llmbatch.contract.names import DEAD_LETTERS_QUERY, REDRIVE_UPDATE, dead_letter_workflow_id

@@ -19,7 +19,7 @@ from llmbatch.cli.jobview import (
     usage_line,
 )
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
-from llmbatch.client import connect, model_has_worker, start_job, started_spec
+from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.priority import DEFAULT_PRIORITY

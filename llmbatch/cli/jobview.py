@@ -18,7 +18,7 @@ from temporalio.service import RPCError
 from llmbatch import storage
 from llmbatch.cli import progress
 from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.dead_letters import DeadLetterView

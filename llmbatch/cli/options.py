@@ -21,12 +21,13 @@ from typing import Annotated, Any, get_type_hints
 import typer
 from pydantic import ValidationError
 
-from llmbatch import planning, storage
+from llmbatch import storage
 from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 from llmbatch.contract import uris
 from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat, Task
+from llmbatch.formats import planning
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

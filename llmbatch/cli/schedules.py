@@ -14,10 +14,10 @@ from typing import Annotated, TypeVar
 import typer
 from temporalio.client import ScheduleOverlapPolicy
 
-from llmbatch import schedules
 from llmbatch.cli.common import CliError, emit_json, fail, out, run
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
-from llmbatch.client import connect
+from llmbatch.client import schedules
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import JobSpec
 

@@ -93,7 +93,7 @@ class DevApi:
         return self._status(self._load(), key)
 
     def _start(self, port: int) -> _Record:
-        from llmbatch.demo import settings_env
+        from llmbatch.devstack.demo import settings_env
 
         pid = process.start(
             [sys.executable, "-m", "llmbatch.cli.main", "serve", "--port", str(port)],

@@ -225,7 +225,7 @@ class TemporalPart(Part):
             ListSearchAttributesRequest,
         )
 
-        from llmbatch.client import connect_to
+        from llmbatch.client.temporal import connect_to
         from llmbatch.security.connection import TemporalTarget
 
         namespace = self.settings.temporal_namespace
@@ -441,7 +441,7 @@ class PostgresPart(Part):
     async def _create_database_and_migrate(self) -> None:
         import asyncpg
 
-        from llmbatch.migrate import apply_migrations
+        from llmbatch.ledger.migrate import apply_migrations
 
         database = self.settings.postgres_database
         conn = await asyncpg.connect(self._admin_dsn(), timeout=_PROBE_TIMEOUT_S)

@@ -5,7 +5,9 @@ and the result cache (``llmbatch.dedup.result_cache``): ``db`` (pool, transactio
 ``items`` (register, claim, record, release: the item state machine of
 :data:`llmbatch.contract.states.ITEM_TRANSITIONS`), ``jobs`` (a job's row, plan and
 counts), ``dead_letters`` (dead items and the re-drive), ``usage`` (engine time and
-cost) and ``api_records`` (the OpenAI Batch API's keys, files and batches).
+cost), ``api_records`` (the OpenAI Batch API's keys, files and batches),
+``served_models`` (which models GPU workers serve) and ``migrate`` (applying
+``migrations/``).
 
 Plain async functions with set-based SQL, bound parameters, and fencing in the WHERE
 clause. May import: ``llmbatch.contract`` and asyncpg, nothing else of llmbatch

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-
 if TYPE_CHECKING:
     pass
 

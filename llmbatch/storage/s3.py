@@ -23,7 +23,6 @@ from botocore.exceptions import (
 )
 
 from llmbatch.config import Settings
-
 from llmbatch.contract.uris import scheme_of, split_scheme
 
 if TYPE_CHECKING:

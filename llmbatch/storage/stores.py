@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmbatch.config import Settings
-
 from llmbatch.contract.uris import scheme_of
 
 if TYPE_CHECKING:

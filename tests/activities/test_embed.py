@@ -28,7 +28,7 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger, storage
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.spec import EmbedSpec, JobSpec, OutputFormat, Task

@@ -18,12 +18,12 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers
+from llmbatch.devstack.tiny_model import build_tiny_model
 from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.context import ActivityContext
 from activities.planning import PlanningActivities
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import FinalizeInput, JobLayout, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW

@@ -19,7 +19,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress

@@ -25,10 +25,10 @@ from botocore.exceptions import ClientError
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from tests.fixtures.s3_faults import FaultInjectingS3Proxy
 from tests.fixtures.worker_processes import (
     cpu_worker_process,

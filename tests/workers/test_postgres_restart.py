@@ -19,7 +19,7 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack import DevStack

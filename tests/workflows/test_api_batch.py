@@ -18,7 +18,7 @@ from temporalio.worker import Replayer
 
 from llmbatch import ledger, storage
 from llmbatch.api import layout
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobControlState, JobSummary
 from llmbatch.contract.names import PAUSE_UPDATE

@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
 from llmbatch import formats, ledger, storage
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
 from llmbatch.contract.messages import JobSummary

@@ -22,7 +22,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec
 from llmbatch.contract.states import JobState

@@ -13,7 +13,7 @@ from temporalio.client import Client
 from temporalio.worker import Replayer
 
 from llmbatch import storage
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress, JobSummary

@@ -19,7 +19,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowFailureError
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress
 from llmbatch.contract.names import GENERATE, PROGRESS_QUERY, shard_workflow_id

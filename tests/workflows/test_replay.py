@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import RedriveRequest, RedriveResult
 from llmbatch.contract.names import (

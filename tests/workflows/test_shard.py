@@ -20,7 +20,7 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterEntry
 from llmbatch.contract.messages import JobSummary

@@ -16,7 +16,7 @@ import pytest
 
 from llmbatch.api import layout
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
+from llmbatch.devstack.demo import settings_env
 from llmbatch.ledger import api_records
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.llmbatch.api.helpers import assert_openai_error, batch_file

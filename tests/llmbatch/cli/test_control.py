@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import CancelledError
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import PROGRESS_QUERY

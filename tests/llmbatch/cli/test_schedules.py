@@ -19,8 +19,9 @@ import typer
 from temporalio.client import Client
 from typer.core import TyperGroup
 
-from llmbatch import ledger, schedules
+from llmbatch import ledger
 from llmbatch.cli.main import app
+from llmbatch.client import schedules
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import JobSummary

@@ -11,7 +11,7 @@ from llmbatch import ledger
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.dedup import leads, result_cache
 from llmbatch.dedup.keys import cache_key, request_key, weights_fingerprint
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about ACME."}]
 

@@ -30,9 +30,9 @@ from temporalio.client import Client
 from llmbatch import storage
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
-from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, DevStackError, StackStatus, isolated_settings
 from llmbatch.devstack.api import DevApi
+from llmbatch.devstack.demo import settings_env
 from llmbatch.devstack.process import alive
 
 pytestmark = pytest.mark.slow

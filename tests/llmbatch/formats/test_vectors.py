@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from llmbatch import ledger
 from llmbatch.contract.states import ItemStatus
-from llmbatch.vectors import StagedVectors, floats, read_vectors
+from llmbatch.formats.vectors import StagedVectors, floats, read_vectors
 
 
 def f32(*values: float) -> bytes:

@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any
 
 from llmbatch.contract.spec import ChatMessage
-from llmbatch.templates import PromptTemplate, RenderLimits, TemplateError
+from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
 
 #: A row's messages, or why it cannot be rendered.
 Rendered = list[dict[str, str]] | TemplateError
@@ -141,7 +141,7 @@ def _render_one(
 class _Child:
     """One render process and the parent's end of its socket.
 
-    A plain ``python -m llmbatch.render_pool`` process, not a multiprocessing
+    A plain ``python -m llmbatch.rendering.pool`` process, not a multiprocessing
     ``spawn`` child: that one re-imports the worker's main module, which is the
     CLI, pytest, or whatever embeds the worker."""
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from llmbatch.contract.spec import ChatMessage
-from llmbatch.templates import PromptTemplate, RenderLimits, TemplateError
+from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
 
 
 def template(*contents: str) -> PromptTemplate:

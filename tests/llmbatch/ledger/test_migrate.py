@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from llmbatch.devstack.process import free_port
-from llmbatch.migrate import MigrationError, apply_migrations, packaged_migrations
+from llmbatch.ledger.migrate import MigrationError, apply_migrations, packaged_migrations
 from tests.fixtures.schema import PROJECT_TABLES
 
 

@@ -1,9 +1,9 @@
-"""The JSONL records staged between a shard's steps (llmbatch.records)."""
+"""The JSONL records staged between a shard's steps (llmbatch.formats.records)."""
 
 from __future__ import annotations
 
 from llmbatch.contract.spec import SamplingSpec
-from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
+from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 
 
 def test_staged_records_round_trip() -> None:

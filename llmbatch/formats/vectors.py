@@ -12,15 +12,18 @@ from __future__ import annotations
 import array
 import sys
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from llmbatch import ledger
 from llmbatch.contract.states import ItemStatus
 
 # An item's vectors, by item id: each one's float32 bytes (little-endian, as staged).
 Vectors = dict[str, list[bytes]]
+
+
+if TYPE_CHECKING:
+    from llmbatch.ledger.items import LedgerRow
 
 
 class StagedVectors(BaseModel):
@@ -48,7 +51,7 @@ class StagedVectors(BaseModel):
 
 
 async def read_vectors(
-    read: Callable[[str], Awaitable[bytes]], entries: Iterable[ledger.items.LedgerRow]
+    read: Callable[[str], Awaitable[bytes]], entries: Iterable[LedgerRow]
 ) -> Vectors:
     """The vectors of the succeeded items among ``entries``, each object read once
     (a shard's items point to a few objects of up to a flush's worth each)."""

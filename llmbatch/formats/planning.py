@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmbatch import formats, openai_batch, storage
+from llmbatch import formats, storage
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
-from llmbatch.render_pool import render_isolated
-from llmbatch.templates import PromptTemplate, RenderLimits, TemplateError
+from llmbatch.formats import openai_batch
+from llmbatch.rendering.pool import render_isolated
+from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
 
 StoreFor = Callable[[str], storage.base.ObjectStore]
 

@@ -33,7 +33,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch.client import job_search_attributes
+from llmbatch.client.temporal import job_search_attributes
 from llmbatch.config import Settings
 from llmbatch.contract.messages import BatchJobInput
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from llmbatch.config import model_identity
 from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, JobSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
-from llmbatch.vectors import floats
+from llmbatch.formats.vectors import floats
 
 if TYPE_CHECKING:
     from llmbatch.ledger.items import LedgerRow

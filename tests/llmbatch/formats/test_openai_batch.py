@@ -7,7 +7,7 @@ import pytest
 
 from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
-from llmbatch.openai_batch import (
+from llmbatch.formats.openai_batch import (
     BATCH_EXPIRED,
     BATCH_EXPIRED_MESSAGE,
     COMPLETIONS_DEFAULT_MAX_TOKENS,

@@ -114,7 +114,7 @@ async def start_job(
     (``started`` False), and a finished job is never run again under the same id.
     """
     if not spec.job_id:
-        # Only a Temporal Schedule starts specs without one (see llmbatch.schedules).
+        # Only a Temporal Schedule starts specs without one (see llmbatch.client.schedules).
         raise ValueError("start_job needs a spec with a job id")
     try:
         handle = await client.start_workflow(

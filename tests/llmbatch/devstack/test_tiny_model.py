@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from llmbatch.contract.spec import SamplingSpec
-from llmbatch.demo import INDUSTRIES
+from llmbatch.devstack.demo import INDUSTRIES
+from llmbatch.devstack.tiny_model import MARKER, SPECIAL_TOKENS, build_tiny_model
 from llmbatch.engine import Engine, GenerationRequest
-from llmbatch.tiny_model import MARKER, SPECIAL_TOKENS, build_tiny_model
 
 WEIGHTS = "model.safetensors"
 

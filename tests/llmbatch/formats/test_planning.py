@@ -10,9 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from llmbatch import planning, storage
+from llmbatch import storage
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec
+from llmbatch.formats import planning
 from llmbatch.formats.detection import SNIFF_BYTES
 
 # Roots are not what these tests are about: every local path may be read here.

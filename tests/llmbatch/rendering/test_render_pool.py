@@ -10,8 +10,8 @@ import psutil
 import pytest
 
 from llmbatch.contract.spec import ChatMessage
-from llmbatch.render_pool import KILL_GRACE_S, RenderPool
-from llmbatch.templates import RenderLimits, TemplateError
+from llmbatch.rendering.pool import KILL_GRACE_S, RenderPool
+from llmbatch.rendering.templates import RenderLimits, TemplateError
 
 # Loops n * n times without output: only a time limit stops it.
 RUNAWAY = [
@@ -25,7 +25,7 @@ LIMITS = RenderLimits(timeout_s=1.0, max_memory_bytes=256 << 20)
 
 def _all_render_children() -> list[psutil.Process]:
     return [
-        p for p in psutil.Process().children() if "llmbatch.render_pool" in " ".join(p.cmdline())
+        p for p in psutil.Process().children() if "llmbatch.rendering.pool" in " ".join(p.cmdline())
     ]
 
 

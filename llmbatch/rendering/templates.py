@@ -7,7 +7,7 @@ Row data is only ever a template's *context*, never template source.
 A template is caller input too, and Jinja is a programming language: a template can
 loop for hours or build a string of gigabytes. This module bounds what it can do in
 one render (the size of its output, and of any string, list or number it builds
-with an operator); :mod:`llmbatch.render_pool` bounds its time and memory by
+with an operator); :mod:`llmbatch.rendering.pool` bounds its time and memory by
 rendering in a child process that is killed when a row overruns.
 
 Error messages name the message that failed, the exception's type, the template line
@@ -39,7 +39,7 @@ _MAX_INT_BITS = 4096
 @dataclass(frozen=True)
 class RenderLimits:
     """What one row's render may take: its wall-clock time (enforced by
-    :mod:`llmbatch.render_pool`), the bytes of all its messages, and the memory of
+    :mod:`llmbatch.rendering.pool`), the bytes of all its messages, and the memory of
     the process rendering it."""
 
     timeout_s: float = 5.0
@@ -132,7 +132,7 @@ class PromptTemplate:
     def render(self, row: Mapping[str, Any]) -> list[dict[str, str]]:
         """Render every message for one row; raises TemplateError naming the problem.
 
-        Bounds the output, not the time: run it in :mod:`llmbatch.render_pool` for that.
+        Bounds the output, not the time: run it in :mod:`llmbatch.rendering.pool` for that.
         """
         rendered = []
         budget = self.limits.max_bytes
