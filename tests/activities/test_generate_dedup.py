@@ -20,7 +20,7 @@ from temporalio.client import Client
 from llmbatch import ledger
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.contract.messages import JobSummary
+from llmbatch.contract.messages import JobSummary, Usage
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.devstack.tiny_model import build_tiny_model
@@ -76,7 +76,7 @@ def _output(out: Path, job_id: str) -> list[dict[str, Any]]:
     ]
 
 
-async def _usage(settings: Settings, job_id: str) -> tuple[ledger.Usage, int]:
+async def _usage(settings: Settings, job_id: str) -> tuple[Usage, int]:
     """The job's usage, and how many dedup leads it left behind."""
     pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
@@ -199,7 +199,7 @@ async def test_a_worker_on_rebuilt_weights_misses_the_cache_its_old_weights_fill
     out = tmp_path / "out"
     queue = workers.gpu_task_queue(model)
 
-    async def run_on_a_worker(log: str, *specs: JobSpec) -> list[ledger.Usage]:
+    async def run_on_a_worker(log: str, *specs: JobSpec) -> list[Usage]:
         proc = gpu_worker_process(workers, model, tmp_path / log)
         try:
             await wait_for_pollers(temporal_client, [queue], procs=[proc], within_s=300)
