@@ -31,15 +31,14 @@ from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import FailureType, ItemStatus, ResultSource
 from llmbatch.dedup import leads, result_cache
 from llmbatch.dedup.keys import cache_key, request_key
-from llmbatch.engine import (
+from llmbatch.engine.base import BatchEngine, EngineUsage
+from llmbatch.engine.requests import (
     EmbeddingRequest,
     EmbeddingResult,
-    Engine,
-    EngineDeadError,
-    EngineUsage,
     GenerationRequest,
     GenerationResult,
 )
+from llmbatch.engine.vllm_engine import EngineDeadError
 from llmbatch.formats.records import StagedRequest, load_jsonl
 from llmbatch.formats.vectors import StagedVectors
 
@@ -62,7 +61,7 @@ class GenerateActivities:
     def __init__(
         self,
         ctx: ActivityContext,
-        engine: Engine,
+        engine: BatchEngine,
         *,
         max_in_flight: int,
         on_engine_dead: Callable[[BaseException], None] | None = None,
@@ -439,7 +438,7 @@ class _Recorder:
         todo: list[StagedRequest],
         *,
         usage: EngineUsage | None = None,
-        engine: Engine | None = None,
+        engine: BatchEngine | None = None,
     ) -> None:
         self._ctx, self._input, self._lease = ctx, input, lease
         self._progress = progress
@@ -681,7 +680,7 @@ class _EmbedRecorder(_Recorder):
         todo: list[StagedRequest],
         *,
         usage: EngineUsage | None = None,
-        engine: Engine | None = None,
+        engine: BatchEngine | None = None,
     ) -> None:
         super().__init__(ctx, input, lease, progress, todo, usage=usage, engine=engine)
         self._embedded: list[tuple[_Group, EmbeddingResult]] = []

@@ -41,7 +41,7 @@ from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.devstack import DevStack
 from llmbatch.devstack.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack.tiny_model import build_tiny_model
-from llmbatch.engine import cpu_engine_env
+from llmbatch.engine.cpu import cpu_engine_env
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
 ENGINE_ARGS = [

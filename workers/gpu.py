@@ -27,7 +27,8 @@ from llmbatch import ledger, telemetry
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
-from llmbatch.engine import Engine, EngineOptions
+from llmbatch.engine.options import EngineOptions
+from llmbatch.engine.vllm_engine import Engine
 from llmbatch.ledger.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve

@@ -32,7 +32,7 @@ from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.spec import EmbedSpec, JobSpec, OutputFormat, Task
-from llmbatch.engine import cpu_engine_env
+from llmbatch.engine.cpu import cpu_engine_env
 from tests.fixtures.embed_worker import DIM, HF_OVERRIDES, EmbedWorker
 from tests.fixtures.worker_processes import job_result, maps_tcmalloc, stop_worker, until_done
 from tests.llmbatch.cli.test_jobs import cli

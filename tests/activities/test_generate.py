@@ -11,7 +11,7 @@ from llmbatch import ledger
 from llmbatch.config import Settings
 from llmbatch.contract.messages import GenerateProgress, JobLayout, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec
-from llmbatch.engine import GenerationResult
+from llmbatch.engine.requests import GenerationResult
 from llmbatch.formats.records import StagedRequest
 
 JOB, LEASE = "nul-job", "nul-job/shard-00000/3#1"

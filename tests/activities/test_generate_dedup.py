@@ -27,7 +27,7 @@ from llmbatch.devstack.tiny_model import build_tiny_model
 from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
 
 if TYPE_CHECKING:
-    from llmbatch.engine import Engine
+    from llmbatch.engine.vllm_engine import Engine
 
 pytestmark = pytest.mark.slow
 

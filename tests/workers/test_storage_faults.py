@@ -23,7 +23,7 @@ from llmbatch import ledger
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec, SamplingSpec
-from llmbatch.engine import Engine
+from llmbatch.engine.vllm_engine import Engine
 from tests.fixtures.s3_faults import FaultInjectingS3Proxy
 from tests.fixtures.worker_processes import items_by_id, job_result
 from workers.cpu import cpu_worker

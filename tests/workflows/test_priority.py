@@ -29,7 +29,7 @@ from tests.llmbatch.cli.test_jobs import cli
 from workers.cpu import cpu_worker
 
 if TYPE_CHECKING:  # vLLM takes ~15 s to import: only tests that use the engine pay
-    from llmbatch.engine import Engine
+    from llmbatch.engine.vllm_engine import Engine
 
 pytestmark = pytest.mark.slow
 

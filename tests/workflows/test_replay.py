@@ -30,7 +30,7 @@ from llmbatch.contract.names import (
     SHARD_WORKFLOW,
     dead_letter_workflow_id,
 )
-from llmbatch.engine import Engine
+from llmbatch.engine.vllm_engine import Engine
 from tests.fixtures.small_history import one_row_shard_job, small_history_env
 from workers.cpu import cpu_worker
 from workers.gpu import gpu_worker

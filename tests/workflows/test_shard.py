@@ -29,7 +29,7 @@ from llmbatch.contract.states import ErrorClass, JobState
 from workers.cpu import cpu_worker
 
 if TYPE_CHECKING:
-    from llmbatch.engine import Engine
+    from llmbatch.engine.vllm_engine import Engine
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.process import free_port
-from llmbatch.engine import Engine
+from llmbatch.engine.vllm_engine import Engine
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow

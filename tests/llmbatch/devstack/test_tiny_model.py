@@ -12,7 +12,8 @@ import pytest
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.devstack.demo import INDUSTRIES
 from llmbatch.devstack.tiny_model import MARKER, SPECIAL_TOKENS, build_tiny_model
-from llmbatch.engine import Engine, GenerationRequest
+from llmbatch.engine.requests import GenerationRequest
+from llmbatch.engine.vllm_engine import Engine
 
 WEIGHTS = "model.safetensors"
 

@@ -18,25 +18,22 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind
 
 from llmbatch.contract.spec import SamplingSpec
-from llmbatch.engine import (
+from llmbatch.engine.base import EngineArgumentError
+from llmbatch.engine.cpu import (
     CPU_KV_MAX_BYTES,
     CPU_KV_MIN_BYTES,
     CPU_KV_SHARE,
-    Engine,
-    EngineArgumentError,
     EngineMemoryError,
-    EngineOptions,
-    GenerationRequest,
-    GenerationResult,
     MemoryNode,
     check_cpu_memory,
     cpu_engine_env,
     cpu_kv_cache_bytes,
     cpu_memory_node,
-    engine_args_help,
     on_cpu,
-    sampling_params,
 )
+from llmbatch.engine.options import EngineOptions, engine_args_help
+from llmbatch.engine.requests import GenerationRequest, GenerationResult, sampling_params
+from llmbatch.engine.vllm_engine import Engine
 from tests.fixtures.model import MAX_MODEL_LEN
 from tests.fixtures.worker_processes import maps_tcmalloc
 
