@@ -6,13 +6,13 @@ import asyncpg
 import pytest
 
 from activities.context import ActivityContext
-from activities.generate import _Recorder
 from llmbatch import ledger
 from llmbatch.config import Settings
 from llmbatch.contract.messages import GenerateProgress, JobLayout, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec
 from llmbatch.engine.requests import GenerationResult
 from llmbatch.formats.records import StagedRequest
+from llmbatch.generation.recorder import Recorder
 
 JOB, LEASE = "nul-job", "nul-job/shard-00000/3#1"
 
@@ -48,7 +48,7 @@ async def test_a_nul_character_in_model_output_is_stored_not_fatal(
         gpu_task_queue="q",
     )
     todo = [StagedRequest(item_id="row-0", source="rows:1", messages=[])]
-    recorder = _Recorder(
+    recorder = Recorder(
         ActivityContext(settings=Settings(), pool=ledger_pool),
         shard,
         LEASE,
