@@ -16,7 +16,6 @@ from temporalio import activity
 
 from activities.context import ActivityContext
 from llmbatch import formats, ledger
-from llmbatch.api import layout
 from llmbatch.contract.messages import (
     ApiBatchEndInput,
     ApiBatchFiles,
@@ -28,7 +27,7 @@ from llmbatch.contract.spec import ApiEndpoint, JobSpec
 from llmbatch.contract.states import BatchStatus, ErrorClass, ItemStatus
 from llmbatch.formats import openai_batch
 from llmbatch.formats.vectors import read_vectors
-from llmbatch.ledger import api_records
+from llmbatch.ledger import api_layout, api_records
 
 # Custom ids looked up in the ledger per query while the files are assembled: memory
 # stays bounded by this, whatever the batch's size.
@@ -153,8 +152,8 @@ class ApiBatchActivities:
     async def _upload(self, bucket: str, f: IO[bytes]) -> tuple[str, str, int]:
         """Store a finished file as a new API file: (file id, object URI, bytes)."""
         f.flush()
-        file_id = layout.new_file_id()
-        uri = layout.file_uri(bucket, file_id)
+        file_id = api_layout.new_file_id()
+        uri = api_layout.file_uri(bucket, file_id)
         store = self._ctx.store(uri)
         await asyncio.to_thread(store.put_file, uri, Path(f.name))
         return file_id, uri, f.tell()

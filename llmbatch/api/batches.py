@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import ledger
-from llmbatch.api import layout
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import ApiError, ErrorType, not_found
@@ -32,7 +31,7 @@ from llmbatch.api.objects import (
 from llmbatch.client.temporal import model_has_worker, start_job
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus
-from llmbatch.ledger import api_records
+from llmbatch.ledger import api_layout, api_records
 from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
 
 log = logging.getLogger(__name__)
@@ -201,7 +200,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="model",
             code="model_not_found",
         )
-    batch_id = layout.new_batch_id()
+    batch_id = api_layout.new_batch_id()
     window = window_of(body.completion_window)
     try:
         row = await api_records.insert_batch(
@@ -230,7 +229,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         inputs=[source.object_uri],
         input_format=InputFormat.OPENAI,
         model=model,
-        output_uri=layout.batch_output_uri(settings.s3_bucket),
+        output_uri=api_layout.batch_output_uri(settings.s3_bucket),
         shard_size=settings.api_shard_size,
         max_concurrent_shards=settings.api_max_concurrent_shards,
         task=body.endpoint.task,

@@ -10,13 +10,12 @@ from typing import Annotated, BinaryIO, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from llmbatch.api import layout
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import ApiError, not_found
 from llmbatch.api.objects import CursorPage, FileDeleted, FileObject, page
 from llmbatch.api.upload import ObjectWriter, receive
-from llmbatch.ledger import api_records
+from llmbatch.ledger import api_layout, api_records
 from llmbatch.storage.s3 import split_s3
 
 router = APIRouter()
@@ -43,8 +42,8 @@ async def upload_file(request: Request, project: Project, svc: Svc) -> FileObjec
     """Upload a file (multipart: ``file`` and ``purpose`` = ``batch``), streamed to the
     object store as it arrives."""
     settings = svc.settings
-    file_id = layout.new_file_id()
-    uri = layout.file_uri(settings.s3_bucket, file_id)
+    file_id = api_layout.new_file_id()
+    uri = api_layout.file_uri(settings.s3_bucket, file_id)
     bucket, key = split_s3(uri)
     writer = ObjectWriter(
         svc.store.client, bucket=bucket, key=key, part_bytes=settings.api_upload_part_bytes

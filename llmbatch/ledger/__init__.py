@@ -5,7 +5,8 @@ and the result cache (``llmbatch.dedup.result_cache``): ``db`` (pool, transactio
 ``items`` (register, claim, record, release: the item state machine of
 :data:`llmbatch.contract.states.ITEM_TRANSITIONS`), ``jobs`` (a job's row, plan and
 counts), ``dead_letters`` (dead items and the re-drive), ``usage`` (engine time and
-cost), ``api_records`` (the OpenAI Batch API's keys, files and batches),
+cost), ``api_records`` (the OpenAI Batch API's keys, files and batches) with ``api_layout``
+(their ids and object keys),
 ``served_models`` (which models GPU workers serve) and ``migrate`` (applying
 ``migrations/``).
 

@@ -17,13 +17,13 @@ from temporalio.exceptions import CancelledError
 from temporalio.worker import Replayer
 
 from llmbatch import ledger, storage
-from llmbatch.api import layout
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobControlState, JobSummary
 from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
+from llmbatch.ledger import api_layout
 from tests.llmbatch.cli.test_control import eventually
 from tests.llmbatch.cli.test_jobs import cli
 from workflows.batch_job import BatchJobWorkflow
@@ -84,8 +84,8 @@ async def start_batch(
 ) -> WorkflowHandle[Any, JobSummary]:
     """Upload ``data`` as an API file, insert its batch row, start the batch's job:
     as the server does."""
-    file_id, batch_id = layout.new_file_id(), layout.new_batch_id()
-    uri = layout.file_uri(settings.s3_bucket, file_id)
+    file_id, batch_id = api_layout.new_file_id(), api_layout.new_batch_id()
+    uri = api_layout.file_uri(settings.s3_bucket, file_id)
     storage.stores.open_store(uri, settings).put_bytes(uri, data)
     await pool.execute(
         "INSERT INTO api_files (file_id, project, purpose, filename, bytes, object_uri) "
@@ -111,7 +111,7 @@ async def start_batch(
         inputs=[uri],
         input_format=InputFormat.OPENAI,
         model=model,
-        output_uri=layout.batch_output_uri(settings.s3_bucket),
+        output_uri=api_layout.batch_output_uri(settings.s3_bucket),
         api_batch=ApiBatch(project=PROJECT, endpoint=endpoint, completion_window_s=window_s),
         **spec,
     )

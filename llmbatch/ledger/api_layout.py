@@ -1,4 +1,5 @@
-"""Ids of API objects and where their bytes live: declared once for the HTTP server
+"""Ids of the OpenAI Batch API's objects and where their bytes live (the keys beside
+the records of :mod:`llmbatch.ledger.api_records`): declared once for the HTTP server
 and for the activities that register a finished batch's output files."""
 
 from __future__ import annotations
