@@ -22,7 +22,7 @@ from llmbatch.contract.messages import (
 )
 from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
 from llmbatch.contract.spec import JobSpec, Task
-from llmbatch.contract.states import BatchStatus
+from llmbatch.contract.states import BatchStatus, FailureType
 from llmbatch.dedup import leads
 from llmbatch.formats import openai_batch, planning
 from llmbatch.ledger import api_records
@@ -51,13 +51,18 @@ class PlanningActivities:
             )
             shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
         except _BatchInvalid as exc:
-            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
+            raise ApplicationError(
+                str(exc), type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            ) from exc
         except planning.InvalidJobSpec as exc:
             if spec.api_batch is not None:
                 await self._fail_api_batch(
-                    spec, [openai_batch.BatchError(openai_batch.INVALID_REQUEST, str(exc))]
+                    spec,
+                    [openai_batch.BatchError(code=openai_batch.INVALID_REQUEST, message=str(exc))],
                 )
-            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
+            raise ApplicationError(
+                str(exc), type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            ) from exc
         layout = JobLayout(
             job_id=spec.job_id,
             output_root=f"{spec.output_uri.rstrip('/')}/{spec.job_id}",

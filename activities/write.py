@@ -15,7 +15,7 @@ from llmbatch import formats, ledger, storage, telemetry
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task
-from llmbatch.contract.states import TERMINAL_STATUSES, ItemStatus
+from llmbatch.contract.states import TERMINAL_STATUSES, FailureType, ItemStatus
 from llmbatch.formats import openai_batch
 from llmbatch.formats.records import StagedRow, load_jsonl
 from llmbatch.formats.vectors import StagedVectors, Vectors, floats, read_vectors
@@ -40,7 +40,7 @@ class WriteActivities:
         if unfinished:
             raise ApplicationError(
                 f"shard {shard} has {len(unfinished)} unfinished items (first: {unfinished[0]!r})",
-                type="IncompleteShard",
+                type=FailureType.INCOMPLETE_SHARD,
                 non_retryable=True,
             )
         summary = ShardSummary(shard=shard, items=len(entries))

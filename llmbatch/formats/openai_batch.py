@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict
+
 from llmbatch.config import model_identity
 from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, JobSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
@@ -451,14 +453,17 @@ NEVER_RAN: dict[ErrorClass, tuple[str, str]] = {
 MAX_BATCH_ERRORS = 100
 
 
-@dataclass(frozen=True)
-class BatchError:
-    """One entry of a failed batch's ``errors.data``; ``line`` is 1-based."""
+class BatchError(BaseModel):
+    """One entry of a failed batch's ``errors.data``, as OpenAI's Batch API has it;
+    ``line`` is 1-based. The one declaration: the validator writes these, the ledger
+    keeps them as JSON, and the HTTP API answers them."""
+
+    model_config = ConfigDict(frozen=True)
 
     code: str
+    line: int | None = None
     message: str
     param: str | None = None
-    line: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}

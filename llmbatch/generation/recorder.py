@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from llmbatch import ledger, telemetry
 from llmbatch.config import Settings, model_identity
 from llmbatch.contract.messages import GenerateProgress, ShardInput, TokenCounts
-from llmbatch.contract.states import ItemStatus, ResultSource
+from llmbatch.contract.states import FailureType, ItemStatus, ResultSource
 from llmbatch.dedup import result_cache
 from llmbatch.dedup.coordination import Group
 from llmbatch.dedup.keys import cache_key
@@ -368,7 +368,9 @@ def superseded(lease: str) -> ApplicationError:
     # A newer attempt holds these items: this one is a zombie and must stop writing.
     log.warning("attempt %s was superseded by a newer one; stopping", lease)
     return ApplicationError(
-        f"attempt {lease} was superseded by a newer attempt", type="Superseded", non_retryable=True
+        f"attempt {lease} was superseded by a newer attempt",
+        type=FailureType.SUPERSEDED,
+        non_retryable=True,
     )
 
 

@@ -24,6 +24,7 @@ from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, OutputFormat, SamplingSpec
+from llmbatch.contract.states import FailureType
 from workflows.batch_job import BatchJobWorkflow
 from workflows.shard import ShardWorkflow
 
@@ -333,7 +334,7 @@ async def test_jobs_started_directly_touch_no_file_outside_the_local_roots(
         inputs=["/etc/os-release"], output_uri=output, model=model_name, input_format="csv"
     )
     cause = await failure_of(temporal_client, workers, host_file)
-    assert cause.type == "InvalidJobSpec"
+    assert cause.type == FailureType.INVALID_JOB_SPEC
     assert "/etc/os-release" in cause.message and "LLMBATCH_LOCAL_ROOTS" in cause.message
     assert "NAME=" not in cause.message
 
@@ -341,13 +342,13 @@ async def test_jobs_started_directly_touch_no_file_outside_the_local_roots(
     link.symlink_to("/etc/os-release")
     linked = classify(inputs=[str(link)], output_uri=output, model=model_name)
     cause = await failure_of(temporal_client, workers, linked)
-    assert cause.type == "InvalidJobSpec" and "LLMBATCH_LOCAL_ROOTS" in cause.message
+    assert cause.type == FailureType.INVALID_JOB_SPEC and "LLMBATCH_LOCAL_ROOTS" in cause.message
 
     data = tmp_path / "in.csv"
     data.write_bytes(csv_bytes(companies(3)))
     outside = classify(inputs=[str(data)], output_uri="file:///var/tmp/llm-out", model=model_name)
     cause = await failure_of(temporal_client, workers, outside)
-    assert cause.type == "InvalidJobSpec" and "/var/tmp/llm-out" in cause.message
+    assert cause.type == FailureType.INVALID_JOB_SPEC and "/var/tmp/llm-out" in cause.message
     for path in (Path("/var/tmp/llm-out"), tmp_path / "out"):
         assert not await asyncio.to_thread(path.exists)
 
@@ -362,7 +363,7 @@ async def test_output_to_a_missing_bucket_fails_and_creates_no_bucket(
         inputs=[f"s3://{bucket}/in/c.csv"], output_uri=f"s3://{missing}/out", model=model_name
     )
     cause = await failure_of(temporal_client, workers, spec)
-    assert cause.type == "InvalidJobSpec"
+    assert cause.type == FailureType.INVALID_JOB_SPEC
     assert f"bucket '{missing}' does not exist" in cause.message
     assert missing not in [b["Name"] for b in s3_client.list_buckets()["Buckets"]]
 
