@@ -26,9 +26,8 @@ from temporalio.exceptions import ApplicationError
 from activities.context import ActivityContext
 from activities.heartbeat import heartbeat_interval
 from llmbatch import ledger, telemetry
-from llmbatch.config import model_identity
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput
-from llmbatch.contract.names import GENERATE
+from llmbatch.contract.names import GENERATE, model_identity
 from llmbatch.contract.spec import Task
 from llmbatch.contract.states import FailureType
 from llmbatch.dedup.coordination import (

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,6 +24,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from llmbatch.contract.names import MODEL_HASH_CHARS, model_identity, model_slug
 from llmbatch.contract.spec import Task
 from llmbatch.rendering.templates import RenderLimits
 
@@ -249,26 +249,6 @@ class Settings(BaseSettings):
         identity = model_identity(model)
         digest = hashlib.sha256(identity.encode()).hexdigest()[:MODEL_HASH_CHARS]
         return f"{self.gpu_task_queue_prefix}-{task}-{model_slug(model)}-{digest}"
-
-
-# The slug keeps a queue name readable; the hash of the full id keeps it unique, so
-# '/a/Model' and '/b/model' (or 'Org/M' and 'org-m') never share a queue.
-MODEL_HASH_CHARS = 10
-MODEL_SLUG_CHARS = 80
-
-
-def model_identity(model: str) -> str:
-    """The model as jobs and workers compare it: the id or path as given, without
-    trailing slashes ('/m/' and '/m' name one model). Paths are not resolved: the
-    machine that names a model need not be the one that loads it."""
-    return model.rstrip("/") or model
-
-
-def model_slug(model: str) -> str:
-    """A readable, task-queue-safe form of the whole model id or path (the end of a
-    long one, which tells models apart better than a shared prefix)."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_identity(model)).strip("-.").lower()
-    return slug[-MODEL_SLUG_CHARS:].lstrip("-.") or "model"
 
 
 def redact(url: str) -> str:

@@ -11,7 +11,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from llmbatch.cli.common import CliError, emit_json, fail, out, run
-from llmbatch.config import Settings, model_identity
+from llmbatch.config import Settings
+from llmbatch.contract.names import model_identity
 
 app = typer.Typer(no_args_is_help=True)
 

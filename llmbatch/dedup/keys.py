@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmbatch.config import model_identity
+from llmbatch.contract.names import model_identity
 from llmbatch.contract.spec import EmbedSpec, SamplingSpec
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from llmbatch.config import model_identity
+from llmbatch.contract.names import model_identity
 from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, JobSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
 from llmbatch.formats.vectors import floats

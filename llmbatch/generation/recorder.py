@@ -16,8 +16,9 @@ from opentelemetry.trace import Span
 from temporalio.exceptions import ApplicationError
 
 from llmbatch import ledger, telemetry
-from llmbatch.config import Settings, model_identity
+from llmbatch.config import Settings
 from llmbatch.contract.messages import GenerateProgress, ShardInput, TokenCounts
+from llmbatch.contract.names import model_identity
 from llmbatch.contract.states import FailureType, ItemStatus, ResultSource
 from llmbatch.dedup import result_cache
 from llmbatch.dedup.coordination import Group
