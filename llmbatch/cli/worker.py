@@ -103,7 +103,7 @@ def gpu(
     except StartupCheckFailed as exc:
         raise fail(str(exc)) from None
 
-    from llmbatch.engine.base import EngineArgumentError
+    from llmbatch.engine.errors import EngineArgumentError
     from llmbatch.engine.options import EngineOptions
 
     try:

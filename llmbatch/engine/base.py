@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     )
 
 
-class EngineArgumentError(ValueError):
-    """An engine argument vLLM does not declare, or a value it refuses; one line."""
-
-
 class EngineUsage:
     """What one caller's requests took of the engine: requests submitted to vLLM (not
     those refused before it) and the time at least one of them was in the engine.

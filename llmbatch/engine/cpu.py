@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 
-from llmbatch.engine.base import EngineArgumentError
+from llmbatch.engine.errors import EngineArgumentError
 
 # What vLLM uses on CPU when the caller does not say (see EngineOptions).
 CPU_DTYPE = "float32"

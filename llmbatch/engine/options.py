@@ -22,13 +22,13 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from llmbatch.contract.spec import Task
-from llmbatch.engine.base import EngineArgumentError
 from llmbatch.engine.cpu import (
     CPU_DTYPE,
     cpu_kv_cache_bytes,
     cpu_memory_node,
     on_cpu,
 )
+from llmbatch.engine.errors import EngineArgumentError
 
 # AsyncEngineArgs' fields: the names vLLM's engine takes, and all it takes.
 ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))

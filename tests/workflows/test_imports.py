@@ -167,3 +167,40 @@ def test_the_engine_interface_and_the_ledger_come_without_vllm() -> None:
     the ledger is Postgres only: neither pulls in vLLM, torch or boto3."""
     loaded = _loaded("llmbatch.engine.base", "llmbatch.ledger", "llmbatch.dedup.keys")
     assert [m for m in loaded if m.split(".")[0] in ("vllm", "torch", "boto3")] == []
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """A circle of imports in ``graph`` (module -> the modules it imports), or []."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return []
+        for dep in sorted(graph[module]):
+            if found := visit(dep, [*path, module]):
+                return found
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if found := visit(module, []):
+            return found
+    return []
+
+
+def test_the_modules_of_each_package_import_no_circle() -> None:
+    """Within a package too, imports run one way (type-checking imports included), so
+    no module needs another that needs it back: contract/priority.py and spec.py did."""
+    for package in ALLOWED:
+        folder = ROOT / package.replace(".", "/")
+        graph = {
+            _module(path): {
+                name.rsplit(".", 1)[0] if name.rsplit(".", 1)[0] != package else name
+                for name, _ in _imports(path)
+            }
+            for path in folder.rglob("*.py")
+        }
+        graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+        assert _circle(graph) == [], package

@@ -18,7 +18,6 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind
 
 from llmbatch.contract.spec import SamplingSpec
-from llmbatch.engine.base import EngineArgumentError
 from llmbatch.engine.cpu import (
     CPU_KV_MAX_BYTES,
     CPU_KV_MIN_BYTES,
@@ -31,6 +30,7 @@ from llmbatch.engine.cpu import (
     cpu_memory_node,
     on_cpu,
 )
+from llmbatch.engine.errors import EngineArgumentError
 from llmbatch.engine.options import EngineOptions, engine_args_help
 from llmbatch.engine.requests import GenerationRequest, GenerationResult, sampling_params
 from llmbatch.engine.vllm_engine import Engine
