@@ -272,7 +272,7 @@ def _hashes(
             model=spec.model,
             messages=request.messages,
             prompt=request.prompt,
-            sampling=request.sampling or spec.sampling,
+            sampling=request.effective_sampling(spec),
             texts=request.texts,
             embedding=request.embedding or (spec.embed_options if request.texts else None),
         )

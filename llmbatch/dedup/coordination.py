@@ -46,7 +46,7 @@ def group_requests(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> 
     groups: list[Group] = []
     by_key: dict[str, Group] = {}
     for request in todo:
-        sampling = request.sampling or spec.sampling
+        sampling = request.effective_sampling(spec)
         if spec.task is Task.EMBED:
             # An embedding is a function of its texts and options: always reproducible.
             key: str | None = request_key(

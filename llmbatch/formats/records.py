@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from llmbatch.contract.spec import EmbedSpec, SamplingSpec
+from llmbatch.contract.spec import EmbedSpec, JobSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
 
 M = TypeVar("M", bound=BaseModel)
@@ -40,6 +40,12 @@ class StagedRequest(BaseModel):
     sampling: SamplingSpec | None = None  # None: the job's sampling
     texts: list[str] | None = None
     embedding: EmbedSpec | None = None  # None: the job's embed options
+
+    def effective_sampling(self, spec: JobSpec) -> SamplingSpec:
+        """The sampling this item runs with: its own (an OpenAI batch line's, or a
+        re-drive's overrides) or else its job's. The one place this is worked out: the
+        request key, the engine request and dedup must agree on it."""
+        return self.sampling or spec.sampling
 
 
 def dump_jsonl(records: Iterable[BaseModel]) -> bytes:

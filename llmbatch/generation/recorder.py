@@ -97,7 +97,7 @@ class Recorder:
             request_id=f"{self._lease}:{index}",
             messages=request.messages,
             prompt=request.prompt,
-            sampling=request.sampling or self._input.spec.sampling,
+            sampling=request.effective_sampling(self._input.spec),
         )
 
     def end_span(self, span: Span) -> None:
