@@ -7,12 +7,11 @@ they still work while the object store is down — the case that kills shards.
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.common import WorkflowIDConflictPolicy
 
 from activities.context import ActivityContext
 from llmbatch import ledger, telemetry
+from llmbatch.client import dead_letters as dead_letter_client
 from llmbatch.contract.dead_letters import (
-    DeadLetterInput,
     FailShardInput,
     RequeueInput,
     RequeueResult,
@@ -20,14 +19,10 @@ from llmbatch.contract.dead_letters import (
 )
 from llmbatch.contract.messages import ShardCounts, ShardInput
 from llmbatch.contract.names import (
-    DEAD_LETTER_WORKFLOW,
-    DEAD_LETTERS_SIGNAL,
     FAIL_SHARD,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
-    dead_letter_workflow_id,
 )
-from llmbatch.contract.priority import task_priority
 from llmbatch.contract.states import ItemStatus
 
 # A report lists at most this many of a shard's dead items (all are counted): the
@@ -70,23 +65,8 @@ class DeadLetterActivities:
             d.model_copy(update={"message": d.message[:MESSAGE_CHARS]})
             for d in letters[:LISTED_PER_SHARD]
         ]
-        await activity.client().start_workflow(
-            DEAD_LETTER_WORKFLOW,
-            DeadLetterInput(
-                job_id=job_id,
-                spec=input.spec,
-                layout=input.layout,
-                gpu_task_queue=input.gpu_task_queue,
-                generate_schedule_to_start=input.generate_schedule_to_start,
-            ),
-            id=dead_letter_workflow_id(job_id),
-            task_queue=activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal=DEAD_LETTERS_SIGNAL,
-            start_signal_args=[report],
-            static_summary=f"dead letters of {job_id}",
-            # Its re-drives run the job's shards: at the job's priority, as its tenant.
-            priority=task_priority(input.spec),
+        await dead_letter_client.report_dead_letters(
+            activity.client(), input=input, report=report, task_queue=activity.info().task_queue
         )
         return len(letters)
 
