@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from opentelemetry.trace import Span
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -28,7 +29,7 @@ from activities.heartbeat import heartbeat_interval
 from llmbatch import ledger, telemetry
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput
 from llmbatch.contract.names import GENERATE, model_identity
-from llmbatch.contract.spec import Task
+from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import FailureType
 from llmbatch.dedup.coordination import (
     LEAD_WAIT_LIMIT_SECONDS,
@@ -86,14 +87,9 @@ class GenerateActivities:
             if info.heartbeat_details
             else GenerateProgress()
         )
-        job_id, spec = input.spec.job_id, input.spec
+        job_id = input.spec.job_id
         self._check_model(input)
-        with telemetry.span(
-            "generate.read_requests", job_id=job_id, model=spec.model, shard=input.shard
-        ) as read_span:
-            staged = await self._ctx.read(input.layout.shard_requests(input.shard))
-            requests = {r.item_id: r for r in load_jsonl(staged, StagedRequest)}
-            read_span.set_attributes(telemetry.attrs(bytes=len(staged), rows=len(requests)))
+        requests = await self._read_requests(input)
         # Fenced by attempt: a stale attempt that starts late takes nothing from a newer one.
         claimed = await ledger.items.claim_items(
             self._ctx.pool,
@@ -105,17 +101,9 @@ class GenerateActivities:
         )
         todo = [r for r in requests.values() if r.item_id in claimed]
         usage = EngineUsage()
-        embed = self._task is Task.EMBED
-        recorder = (EmbedRecorder if embed else Recorder)(
-            self._ctx,
-            input,
-            lease,
-            progress,
-            [],
-            usage=usage,
-            engine=self._engine,
+        recorder = (EmbedRecorder if self._embed else Recorder)(
+            self._ctx, input, lease, progress, [], usage=usage, engine=self._engine
         )
-        gate = _PauseGate(self._ctx, job_id)
         timeout = info.heartbeat_timeout
         leads = Leads(
             self._ctx,
@@ -124,67 +112,12 @@ class GenerateActivities:
             recorder,
             heartbeat_timeout_s=timeout.total_seconds() if timeout else None,
         )
-        pending: deque[Group] = deque()
-        waiting: list[Group] = []
-
-        async def share_or_lead() -> None:
-            # Identical requests of the shard in one group; then what the cache has, then
-            # what another shard generated or leads; the rest this attempt generates.
-            nonlocal waiting
-            groups = group_requests(spec, todo, dedup=spec.dedup)
-            weights = self._engine.weights
-            if (
-                not embed
-                and weights is not None
-                and (spec.cache if spec.cache is not None else self._ctx.settings.cache)
-            ):
-                groups = await from_cache(self._ctx, recorder, groups, weights)
-            ready, waiting = await leads.resolve([g for g in groups if g.shared])
-            pending.extend([g for g in groups if not g.shared] + ready)
-
-        async def engine_requests() -> AsyncIterator[GenerationRequest | EmbeddingRequest]:
-            # Request ids are unique per attempt, so a zombie attempt's requests in the
-            # same engine never collide with the new attempt's.
-            nonlocal waiting
-            started_waiting = time.monotonic()
-            while pending or waiting:
-                while pending:
-                    await gate.wait_while_paused()
-                    yield recorder.submit(pending.popleft())
-                if waiting:
-                    # Other shards generate these: take their results when they come,
-                    # their leads when they die; never wait past the limit.
-                    await asyncio.sleep(LEAD_POLL_SECONDS)
-                    give_up = time.monotonic() - started_waiting > LEAD_WAIT_LIMIT_SECONDS
-                    ready, waiting = await leads.resolve(waiting, give_up=give_up)
-                    pending.extend(ready)
-                    if recorder.due():
-                        await recorder.flush()
-
+        queue = _Queue(leads, recorder, _PauseGate(self._ctx, job_id))
         heartbeat = asyncio.create_task(_heartbeat_loop(progress, renew=leads.renew))
-        # One span for the shard's engine work, not one per request: a job of millions
-        # of rows would flood the exporter. Per-request latency goes to a histogram.
-        engine_span = telemetry.tracer().start_span(
-            "generate.engine",
-            attributes=telemetry.attrs(
-                job_id=job_id,
-                model=spec.model,
-                shard=input.shard,
-                requests=len(todo),
-                max_in_flight=self._max_in_flight,
-            ),
-        )
+        engine_span = self._engine_span(input, requests=len(todo))
         try:
-            await share_or_lead()
-            # One loop for both tasks: the engine call differs, nothing else.
-            run_many: Any = self._engine.embed_many if embed else self._engine.generate_many
-            results = run_many(engine_requests(), max_in_flight=self._max_in_flight, usage=usage)
-            async with contextlib.aclosing(results):
-                async for result in results:
-                    recorder.add(result)
-                    if recorder.due():
-                        await recorder.flush()
-            await recorder.flush()
+            await queue.fill(await self._groups(input.spec, todo, recorder))
+            await self._run_engine(queue.requests(), recorder, usage)
         except asyncio.CancelledError:
             # The job was cancelled. Closing generate_many has aborted the engine
             # requests by now; keep what came back, give back the rest.
@@ -204,6 +137,67 @@ class GenerateActivities:
             skipped=len(requests) - len(todo),
             tokens=recorder.tokens,
         )
+
+    @property
+    def _embed(self) -> bool:
+        return self._task is Task.EMBED
+
+    async def _read_requests(self, input: ShardInput) -> dict[str, StagedRequest]:
+        """The shard's rendered requests, by item id."""
+        spec = input.spec
+        with telemetry.span(
+            "generate.read_requests", job_id=spec.job_id, model=spec.model, shard=input.shard
+        ) as read_span:
+            staged = await self._ctx.read(input.layout.shard_requests(input.shard))
+            requests = {r.item_id: r for r in load_jsonl(staged, StagedRequest)}
+            read_span.set_attributes(telemetry.attrs(bytes=len(staged), rows=len(requests)))
+        return requests
+
+    async def _groups(
+        self, spec: JobSpec, todo: list[StagedRequest], recorder: Recorder
+    ) -> list[Group]:
+        """Identical requests of the shard in one group, then what the result cache
+        answers recorded as such; what is left goes to the queue."""
+        groups = group_requests(spec, todo, dedup=spec.dedup)
+        weights = self._engine.weights
+        if (
+            not self._embed
+            and weights is not None
+            and (spec.cache if spec.cache is not None else self._ctx.settings.cache)
+        ):
+            groups = await from_cache(self._ctx, recorder, groups, weights)
+        return groups
+
+    def _engine_span(self, input: ShardInput, *, requests: int) -> Span:
+        # One span for the shard's engine work, not one per request: a job of millions
+        # of rows would flood the exporter. Per-request latency goes to a histogram.
+        return telemetry.tracer().start_span(
+            "generate.engine",
+            attributes=telemetry.attrs(
+                job_id=input.spec.job_id,
+                model=input.spec.model,
+                shard=input.shard,
+                requests=requests,
+                max_in_flight=self._max_in_flight,
+            ),
+        )
+
+    async def _run_engine(
+        self,
+        requests: AsyncIterator[GenerationRequest | EmbeddingRequest],
+        recorder: Recorder,
+        usage: EngineUsage,
+    ) -> None:
+        """Every request through the engine, results recorded as they come."""
+        # One loop for both tasks: the engine call differs, nothing else.
+        run_many: Any = self._engine.embed_many if self._embed else self._engine.generate_many
+        results = run_many(requests, max_in_flight=self._max_in_flight, usage=usage)
+        async with contextlib.aclosing(results):
+            async for result in results:
+                recorder.add(result)
+                if recorder.due():
+                    await recorder.flush()
+        await recorder.flush()
 
     def _check_model(self, input: ShardInput) -> None:
         """Refuse a shard for another model than the one loaded, before touching any
@@ -226,6 +220,41 @@ class GenerateActivities:
                 type=FailureType.WRONG_MODEL,
                 non_retryable=True,
             )
+
+
+class _Queue:
+    """The groups this attempt submits to the engine: those ready now, and those
+    another shard leads, waited for until their result comes (shared, not submitted)
+    or their lead dies (then submitted here); never waited for past the limit."""
+
+    def __init__(self, leads: Leads, recorder: Recorder, gate: _PauseGate) -> None:
+        self._leads, self._recorder, self._gate = leads, recorder, gate
+        self._pending: deque[Group] = deque()
+        self._waiting: list[Group] = []
+
+    async def fill(self, groups: list[Group]) -> None:
+        """Queue ``groups``: a shared one only once this attempt leads it (or another
+        shard's result answered it)."""
+        ready, self._waiting = await self._leads.resolve([g for g in groups if g.shared])
+        self._pending.extend([g for g in groups if not g.shared] + ready)
+
+    async def requests(self) -> AsyncIterator[GenerationRequest | EmbeddingRequest]:
+        # Request ids are unique per attempt, so a zombie attempt's requests in the
+        # same engine never collide with the new attempt's.
+        started_waiting = time.monotonic()
+        while self._pending or self._waiting:
+            while self._pending:
+                await self._gate.wait_while_paused()
+                yield self._recorder.submit(self._pending.popleft())
+            if self._waiting:
+                # Other shards generate these: take their results when they come,
+                # their leads when they die; never wait past the limit.
+                await asyncio.sleep(LEAD_POLL_SECONDS)
+                give_up = time.monotonic() - started_waiting > LEAD_WAIT_LIMIT_SECONDS
+                ready, self._waiting = await self._leads.resolve(self._waiting, give_up=give_up)
+                self._pending.extend(ready)
+                if self._recorder.due():
+                    await self._recorder.flush()
 
 
 async def _give_back(
