@@ -5,6 +5,10 @@ Input lines are ``{custom_id, method, url, body}`` with ``url`` = /v1/chat/compl
 for generate jobs, or /v1/embeddings for embed jobs. Output follows the OpenAI Batch
 API: one output line per succeeded request and one error-file line per failed request,
 matched by ``custom_id``.
+
+About 600 lines, on purpose: it is one format, read against OpenAI's one reference
+(request lines, output and error lines, and the validation of a whole file share the
+parameter tables and the error codes above), and it imports nothing but the contract.
 """
 
 from __future__ import annotations
