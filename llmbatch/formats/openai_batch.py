@@ -8,7 +8,7 @@ matched by ``custom_id``.
 
 About 600 lines, on purpose: it is one format, read against OpenAI's one reference
 (request lines, output and error lines, and the validation of a whole file share the
-parameter tables and the error codes above), and it imports nothing but the contract.
+parameter tables and the error codes above).
 """
 
 from __future__ import annotations
