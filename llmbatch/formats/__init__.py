@@ -16,7 +16,7 @@ writing output files.
 - :mod:`~llmbatch.formats.planning`: planning a job: inputs into shards, templates
   checked on the first rows.
 
-May import: ``llmbatch.config``, ``llmbatch.contract``, ``llmbatch.storage`` and
+May import: ``llmbatch.contract``, ``llmbatch.storage`` and
 ``llmbatch.rendering`` (planning renders); the ledger only for types
 (``TYPE_CHECKING``); never the engine, dedup or activities.
 """

@@ -6,7 +6,7 @@ to the result cache, stages an embed job's vectors and keeps the attempt's engin
 It takes a :class:`~llmbatch.generation.recorder.RecordingContext` (the activities'
 context is one), so nothing here imports ``activities``.
 
-May import: ``llmbatch.contract``, ``llmbatch.ledger``, ``llmbatch.dedup``,
+May import: ``llmbatch.config``, ``llmbatch.contract``, ``llmbatch.ledger``, ``llmbatch.dedup``,
 ``llmbatch.engine.base`` and ``llmbatch.engine.requests``, ``llmbatch.formats`` and
 ``llmbatch.telemetry``; never ``activities`` or ``workflows``.
 """

@@ -45,13 +45,11 @@ ALLOWED: dict[str, set[str]] = {
     "llmbatch.security": {"llmbatch.config"},
     "llmbatch.engine": {"llmbatch.contract", "llmbatch.telemetry", "llmbatch.dedup.keys"},
     "llmbatch.dedup": {
-        "llmbatch.config",
         "llmbatch.contract",
         "llmbatch.ledger",
         "llmbatch.formats.records",
     },
     "llmbatch.formats": {
-        "llmbatch.config",
         "llmbatch.contract",
         "llmbatch.storage",
         "llmbatch.rendering",
