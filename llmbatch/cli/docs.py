@@ -32,9 +32,7 @@ def generate(
     if check:
         stale = reference.stale(out)
         if stale:
-            raise fail(
-                f"out of date in {out}: {', '.join(stale)}; run `llm-batch docs generate`"
-            )
+            raise fail(f"out of date in {out}: {', '.join(stale)}; run `llm-batch docs generate`")
         typer.echo(f"{out} is up to date")
         return
     changed = reference.write(out)

@@ -231,7 +231,6 @@ FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
     FailureType.WRONG_MODEL: Explanation(
         "A worker received a shard for a model or task it does not serve and refused it; "
         "the shard's items die as `WrongModel`.",
-        "Keep one model per GPU queue (workers name their queue after the model), then "
-        "re-drive.",
+        "Keep one model per GPU queue (workers name their queue after the model), then re-drive.",
     ),
 }

@@ -71,9 +71,15 @@ def _command(ctx: typer.Context) -> str:
     if text:
         parts.append(text + "\n")
     parts.append(f"```\n{usage}\n```\n")
-    params = [p for p in command.params if not p.hidden and p.name not in _SKIPPED_PARAMS]
+    params = [
+        p
+        for p in command.params
+        if isinstance(p, TyperArgument | TyperOption)
+        and not p.hidden
+        and p.name not in _SKIPPED_PARAMS
+    ]
     if params:
-        rows = [_param(p, ctx) for p in params if isinstance(p, TyperArgument | TyperOption)]
+        rows = [_param(p, ctx) for p in params]
         parts.append(table(["Option", "Type", "Default", "Description"], rows))
     return "\n".join(parts)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import TypeVar
 
 from llmbatch.contract.states import (
     ERROR_CLASS_HELP,
@@ -27,14 +28,16 @@ def render() -> str:
         "shows its message in one line. See [Dead letters](../concepts/dead-letters.md) "
         "and the [failure model](../operations/failure-model.md).",
         [
-            "## Error classes of dead items\n\n"
-            + _table(ErrorClass, ERROR_CLASS_HELP),
+            "## Error classes of dead items\n\n" + _table(ErrorClass, ERROR_CLASS_HELP),
             "## Failure types\n\n" + _table(FailureType, FAILURE_TYPE_HELP),
         ],
     )
 
 
-def _table(members: type[enum.StrEnum], help: Mapping[enum.StrEnum, Explanation]) -> str:
+_Member = TypeVar("_Member", bound=enum.StrEnum)
+
+
+def _table(members: type[_Member], help: Mapping[_Member, Explanation]) -> str:
     missing = [m.value for m in members if m not in help]
     if missing:
         raise ValueError(f"no cause and remedy declared for {', '.join(missing)}")
