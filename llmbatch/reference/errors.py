@@ -1,5 +1,5 @@
 """The error reference: :class:`ErrorClass` and :class:`FailureType`, with the cause and
-remedy declared beside them in :mod:`llmbatch.contract.states`."""
+remedy declared beside them in :mod:`llmbatch.contract.explanations`."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ import enum
 from collections.abc import Mapping
 from typing import TypeVar
 
-from llmbatch.contract.states import (
-    ERROR_CLASS_HELP,
-    FAILURE_TYPE_HELP,
-    ErrorClass,
-    Explanation,
-    FailureType,
-)
+from llmbatch.contract.explanations import ERROR_CLASS_HELP, FAILURE_TYPE_HELP, Explanation
+from llmbatch.contract.states import ErrorClass, FailureType
 from llmbatch.reference.markdown import code, page, table
 
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from llmbatch import reference
 from llmbatch.cli.main import app
 from llmbatch.config import Settings
-from llmbatch.contract.states import ERROR_CLASS_HELP, FAILURE_TYPE_HELP, ErrorClass, FailureType
+from llmbatch.contract.explanations import ERROR_CLASS_HELP, FAILURE_TYPE_HELP
+from llmbatch.contract.states import ErrorClass, FailureType
 from llmbatch.telemetry import INSTRUMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
