@@ -21,9 +21,11 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy llmbatch workflows activities workers
 
-# The docs site on http://127.0.0.1:8000, rebuilt as pages change.
+# The docs site on http://127.0.0.1:8000, rebuilt as pages change. `llm-batch dev up`
+# puts the OpenAI Batch API on 8000 when it is free: then `make docs DOCS_ADDR=127.0.0.1:8001`.
+DOCS_ADDR ?= 127.0.0.1:8000
 docs: setup
-	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+	$(VENV)/bin/mkdocs serve -a $(DOCS_ADDR)
 
 # What CI builds: --strict fails on a broken link or a page missing from the nav.
 docs-build: setup
