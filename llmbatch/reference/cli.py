@@ -66,7 +66,8 @@ def _first_line(ctx: typer.Context) -> str:
 def _command(ctx: typer.Context) -> str:
     command = ctx.command
     usage = " ".join([ctx.command_path, *command.collect_usage_pieces(ctx)])
-    parts = [f"## {ctx.command_path} {{#{_anchor(ctx)}}}\n"]
+    # Markdown's own heading ids are the anchors _link points to ("llm-batch-dev-up").
+    parts = [f"## {ctx.command_path}\n"]
     text = _help(command.help)
     if text:
         parts.append(text + "\n")

@@ -84,7 +84,7 @@ def test_references_name_every_command_setting_error_and_metric() -> None:
         if isinstance(sub, typer.core.TyperGroup):
             sub_ctx = typer.Context(sub, info_name=name, parent=ctx)
             for leaf in sub.list_commands(sub_ctx):
-                assert f"## llm-batch {name} {leaf} " in pages["cli.md"]
+                assert f"## llm-batch {name} {leaf}\n" in pages["cli.md"]
     for field in Settings.model_fields:
         assert f"`LLMBATCH_{field.upper()}`" in pages["settings.md"]
     for member in [*ErrorClass, *FailureType]:
