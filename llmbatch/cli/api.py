@@ -11,13 +11,11 @@ from rich.table import Table
 if TYPE_CHECKING:
     import asyncpg
 
-from llmbatch.cli.common import CliError, emit_json, out, run
+from llmbatch.cli.common import CliError, JsonOption, emit_json, out, run
 from llmbatch.config import Settings
 from llmbatch.contract.priority import TENANT_PATTERN
 
 keys_app = typer.Typer(no_args_is_help=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def serve(

@@ -32,7 +32,7 @@ def demo(
         str | None, typer.Option(help="Model id or path; default a tiny local model.")
     ] = None,
     rows: Annotated[int, typer.Option(help="Rows in the generated customers CSV.")] = 3000,
-    shard_size: Annotated[int, typer.Option()] = 500,
+    shard_size: Annotated[int, typer.Option(help="Rows per shard.")] = 500,
     task: Annotated[
         Task,
         typer.Option(help="generate: classify each company; embed: embed its description."),

@@ -8,6 +8,7 @@ shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
 
 - ``spec``: what a caller sends (JobSpec and its parts).
 - ``states``: job states, item statuses and error classes (enums).
+- ``explanations``: each error class's and failure type's cause and remedy.
 - ``names``: workflow, activity, signal, query and update names; workflow ids.
 - ``messages``: what travels between workflows and activities (references and
   counts, never rows).
