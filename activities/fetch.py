@@ -14,7 +14,7 @@ from llmbatch.contract.messages import FetchResult, ShardInput
 from llmbatch.contract.names import FETCH_SHARD
 from llmbatch.contract.spec import InputFormat
 from llmbatch.contract.states import ErrorClass, FailureType
-from llmbatch.records import StagedRow, dump_jsonl
+from llmbatch.formats.records import StagedRow, dump_jsonl
 from llmbatch.tables import jobs as tables
 from llmbatch.tables.connect import TableError
 

@@ -34,17 +34,16 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
-from llmbatch.engine import cpu_engine_env
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
+from llmbatch.engine.cpu import cpu_engine_env
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
-# On CPU, --gpu-memory-utilization is the share of RAM (vLLM's default 0.92 fails here).
 ENGINE_ARGS = [
     "--runner", "pooling", "--convert", "embed", "--dtype", "float32",
     "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
@@ -122,7 +121,7 @@ def upload(settings: Settings, work: Path, n: int, model: str) -> tuple[Path, st
     src = work / f"batch-{n}.jsonl"
     src.write_bytes(batch_lines(n, model=model))
     data_uri = f"s3://{settings.s3_bucket}/bench/embeddings-{n}.jsonl"
-    storage.open_store(data_uri, settings).put_file(data_uri, src)
+    storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
     return src, data_uri
 
 

@@ -90,7 +90,7 @@ async def read_table(settings: Settings, shard_size: int) -> tuple[int, float]:
 
 
 def read_csv(settings: Settings, uri: str, shard_size: int) -> tuple[int, float]:
-    stores = storage.Stores(settings)
+    stores = storage.stores.Stores(settings)
     started = time.perf_counter()
     objects = stores(uri).list(uri)
     shards = formats.plan_shards(stores, objects, InputFormat.CSV, shard_size=shard_size)
@@ -135,7 +135,7 @@ async def write_table(settings: Settings, out: list[dict[str, Any]], shard_size:
 
 
 def write_csv(settings: Settings, out: list[dict[str, Any]], shard_size: int) -> float:
-    stores = storage.Stores(settings)
+    stores = storage.stores.Stores(settings)
     started = time.perf_counter()
     for n, start in enumerate(range(0, len(out), shard_size)):
         uri = f"s3://{settings.s3_bucket}/bench/out/part-{n:05d}.csv"
@@ -169,7 +169,7 @@ def main() -> None:
     try:
         source = asyncio.run(make_table(settings, args.rows))
         csv_uri = f"s3://{settings.s3_bucket}/bench/tickets.csv"
-        storage.open_store(csv_uri, settings).put_bytes(csv_uri, csv_bytes(source))
+        storage.stores.open_store(csv_uri, settings).put_bytes(csv_uri, csv_bytes(source))
         out = results(source)
         table_rows, table_read_s = asyncio.run(read_table(settings, args.shard_size))
         csv_rows, csv_read_s = read_csv(settings, csv_uri, args.shard_size)

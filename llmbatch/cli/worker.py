@@ -25,7 +25,9 @@ ENGINE_ARGS_HELP = (
     "--max-num-seqs 256 --dtype bfloat16 --tensor-parallel-size 2 "
     "--gpu-memory-utilization 0.9 --enable-prefix-caching --quantization awq "
     "--kv-cache-memory-bytes 8G (or --config engine.yaml). Left out: vLLM's default "
-    "(on CPU: float32, eager, 0.3 of RAM). See them with --engine-help."
+    "(on CPU: float32, eager, and a KV cache of 40% of what the engine's memory node has "
+    "free; --gpu-memory-utilization is a share of that node there). See them with "
+    "--engine-help."
 )
 
 
@@ -46,7 +48,7 @@ def _show_engine_help(keyword: str | None) -> None:
     # Eager: answers before --model is asked for.
     if keyword is None:
         return
-    from llmbatch.engine import engine_args_help
+    from llmbatch.engine.options import engine_args_help
 
     typer.echo(engine_args_help(keyword))
     raise typer.Exit()
@@ -101,13 +103,15 @@ def gpu(
     except StartupCheckFailed as exc:
         raise fail(str(exc)) from None
 
-    from llmbatch.engine import EngineArgumentError, EngineOptions
+    from llmbatch.engine.errors import EngineArgumentError
+    from llmbatch.engine.options import EngineOptions
 
     try:
         options = EngineOptions.from_cli_args(model, engine_args or [])
     except EngineArgumentError as exc:
         raise fail(str(exc)) from None
 
+    from llmbatch.engine.cpu import EngineMemoryError
     from workers import gpu as gpu_worker
 
     try:
@@ -118,5 +122,5 @@ def gpu(
             max_in_flight=max_in_flight,
             task=task,
         )
-    except (StartupCheckFailed, ConnectionLost) as exc:
+    except (StartupCheckFailed, ConnectionLost, EngineMemoryError) as exc:
         raise fail(str(exc)) from None

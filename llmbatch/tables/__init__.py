@@ -10,4 +10,8 @@
 - :mod:`~llmbatch.tables.jobs`: what planning, fetch and write call.
 
 The URI syntax is :mod:`llmbatch.contract.tables` (no I/O, used in workflows).
+
+May import: ``llmbatch.config``, ``llmbatch.contract``, ``llmbatch.formats`` (rows,
+shard plans, the prompt check), ``llmbatch.ledger.items`` (a finished item's row) and
+``llmbatch.rendering.templates`` (render limits); asyncpg for the databases.
 """

@@ -1,6 +1,6 @@
 """What planning, fetch_shard and write_shard call for a job with a table in or out.
 
-Every function raises :class:`~llmbatch.planning.InvalidJobSpec` at planning for a job
+Every function raises :class:`~llmbatch.formats.planning.InvalidJobSpec` at planning for a job
 that can never run, :class:`~llmbatch.tables.connect.TableError` later for a database
 error no retry cures, and lets transient errors through for Temporal to retry.
 """
@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmbatch import ledger, planning
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ItemStatus
 from llmbatch.contract.tables import TableUri, parse_table_uri
+from llmbatch.formats import planning
 from llmbatch.formats.readers import SourceRow
+from llmbatch.formats.records import StagedRow
 from llmbatch.formats.shards import ShardPlan
-from llmbatch.records import StagedRow
+from llmbatch.formats.vectors import Vectors, floats
+from llmbatch.ledger.items import LedgerRow
+from llmbatch.rendering.templates import RenderLimits
 from llmbatch.tables import sink, source
 from llmbatch.tables.connect import TableError, connect
-from llmbatch.templates import RenderLimits
-from llmbatch.vectors import Vectors, floats
 
 # Where a job with a table output keeps its own objects when the spec names no work_uri.
 WORK_PREFIX = "tables"
@@ -91,7 +92,7 @@ async def read_shard(plan: ShardPlan, settings: Settings, *, max_row_bytes: int)
 async def write_shard(
     spec: JobSpec,
     settings: Settings,
-    entries: list[ledger.LedgerRow],
+    entries: list[LedgerRow],
     rows: dict[str, StagedRow],
     vectors: Vectors | None,
 ) -> int:
@@ -103,7 +104,7 @@ async def write_shard(
 
 
 def _row(
-    spec: JobSpec, entry: ledger.LedgerRow, staged: StagedRow | None, vectors: Vectors | None
+    spec: JobSpec, entry: LedgerRow, staged: StagedRow | None, vectors: Vectors | None
 ) -> dict[str, Any]:
     result = entry.result or {}
     dead = entry.status is ItemStatus.DEAD

@@ -20,10 +20,10 @@ import asyncpg
 import pytest
 from temporalio.client import Client
 
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.tables import jobs
 from llmbatch.tables.connect import APPLICATION_NAME
 from tests.fixtures.tables import TICKETS, TableDb, ticket_id

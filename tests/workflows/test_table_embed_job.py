@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from temporalio.client import Client
 
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.contract.spec import JobSpec, Task
 from tests.fixtures.embed_worker import DIM, EmbedWorker
 from tests.fixtures.tables import TableDb, ticket_id

@@ -13,7 +13,7 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import formats, storage
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from tests.fixtures.tables import TICKETS, TableDb, ticket_id
@@ -89,7 +89,7 @@ async def test_table_to_table_every_row_once_and_late_rows_left_out(
     )
     assert joined == TICKETS
     # The job's own objects went to work_uri; the manifest names the table.
-    store = storage.open_store(summary.manifest, workers)
+    store = storage.stores.open_store(summary.manifest, workers)
     manifest = json.loads(store.read_bytes(summary.manifest))
     assert summary.manifest.startswith(f"s3://{bucket}/work/{spec.job_id}/")
     assert manifest["output_table"] == spec.output_uri and manifest["output_parts"] == []

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from llmbatch import planning
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, Task
 from llmbatch.contract.tables import parse_table_uri
+from llmbatch.formats import planning
 from llmbatch.tables import jobs, sink
 from llmbatch.tables.connect import connect
 from tests.fixtures.tables import TableDb

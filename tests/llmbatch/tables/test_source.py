@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from llmbatch import planning
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec
 from llmbatch.contract.tables import parse_table_uri
+from llmbatch.formats import planning
 from llmbatch.tables import jobs, source
 from llmbatch.tables.connect import TableError, connect, is_transient
 from tests.fixtures.tables import TICKETS, TableDb, ticket_id
