@@ -115,6 +115,9 @@ async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: b
         emit_json({"manifest": p.manifest, **manifest, "rows": first})
         return
     out.print(f"[bold]{job_id}[/bold]: {p.state}; output under {p.output_root}/")
+    if manifest.get("output_table"):
+        # A table output: its rows are in the database, one per item.
+        out.print(f"  results upserted into {manifest['output_table']}")
     for part in manifest["output_parts"]:
         out.print(f"  {part}")
     for part in manifest["error_parts"]:
