@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from llmbatch import ledger
 from llmbatch.api import batches, files, models
 from llmbatch.api.deps import Services
-from llmbatch.api.errors import install_handlers
+from llmbatch.api.errors import install_handlers, refuse_nul
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from llmbatch.storage import S3Store
@@ -47,7 +47,6 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     install_handlers(app)
-    app.include_router(files.router, prefix="/v1")
-    app.include_router(batches.router, prefix="/v1")
-    app.include_router(models.router, prefix="/v1")
+    for router in (files.router, batches.router, models.router):
+        app.include_router(router, prefix="/v1", dependencies=[Depends(refuse_nul)])
     return app

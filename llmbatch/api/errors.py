@@ -8,6 +8,7 @@ import enum
 import logging
 from typing import Any
 
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -50,6 +51,22 @@ def not_found(kind: str, object_id: str, *, param: str = "id") -> ApiError:
     return ApiError(404, f"No such {kind} object: {object_id}", param=param, code="not_found")
 
 
+def refuse_nul(request: Request) -> None:
+    """Refuse a NUL in the path or query (a router dependency): Postgres text cannot
+    hold one, so it could name nothing; a path id with one is not found (404), a query
+    parameter with one is invalid (400)."""
+    for name, value in request.path_params.items():
+        if isinstance(value, str) and "\x00" in value:
+            raise ApiError(
+                404, f"No such object: {name} holds a NUL.", param=name, code="not_found"
+            )
+    for name, value in request.query_params.multi_items():
+        if "\x00" in name or "\x00" in value:
+            raise ApiError(
+                400, f"Query parameter {name!r} holds a NUL.", param=name, code="invalid_value"
+            )
+
+
 def error_body(
     message: str, *, type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
@@ -80,6 +97,21 @@ def install_handlers(app: FastAPI) -> None:
                 f"{param}: {message}" if param else str(message),
                 type=ErrorType.INVALID_REQUEST,
                 param=param,
+                code="invalid_value",
+            ),
+            status_code=400,
+        )
+
+    @app.exception_handler(asyncpg.CharacterNotInRepertoireError)
+    @app.exception_handler(asyncpg.UntranslatableCharacterError)
+    async def _bad_text(request: Request, exc: Exception) -> JSONResponse:
+        # A caller's text Postgres cannot hold (a NUL) that a check above missed: the
+        # caller's fault, so 400, never a 500.
+        log.warning("%s %s: text refused by Postgres: %s", request.method, request.url.path, exc)
+        return JSONResponse(
+            error_body(
+                "A parameter holds characters that cannot be stored (such as NUL).",
+                type=ErrorType.INVALID_REQUEST,
                 code="invalid_value",
             ),
             status_code=400,
