@@ -8,11 +8,13 @@ import asyncio
 import json
 import logging
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import ledger
@@ -30,9 +32,10 @@ from llmbatch.api.objects import (
     page,
 )
 from llmbatch.api.records import FINAL_STATUSES, set_batch_status
-from llmbatch.client import model_has_worker, start_job
+from llmbatch.client import model_has_worker, start_api_batch
+from llmbatch.contract.messages import ApiBatchRecordInput
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
-from llmbatch.contract.states import BatchStatus
+from llmbatch.contract.states import BatchStatus, FailureType
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -42,9 +45,12 @@ Svc = Annotated[Services, Depends(services)]
 
 # OpenAI takes "24h" only. Shorter windows ("90s", "10m", "2h") are an extension, so a
 # caller (or a test) can see a batch expire; longer ones are refused as OpenAI does.
-_WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")
+_WINDOW = re.compile(r"([1-9][0-9]{0,5})([smh])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 MAX_WINDOW = timedelta(hours=24)
+# How long a create waits for the batch's workflow to write its record (a CPU worker
+# takes it in its first task; longer only when none is polling).
+CREATE_WAIT_S = 30.0
 # The model is read from the first lines of the input: at most this much of it.
 MODEL_SCAN_BYTES = 1 << 20
 # OpenAI's metadata limits.
@@ -71,11 +77,20 @@ class CreateBatch(BaseModel):
         window_of(value)
         return value
 
+    @field_validator("input_file_id")
+    @classmethod
+    def _file_id(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("holds a NUL")
+        return value
+
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         if value is None:
             return None
+        if any("\x00" in text for pair in value.items() for text in pair):
+            raise ValueError("keys and values may not hold a NUL")
         if len(value) > METADATA_PAIRS:
             raise ValueError(f"at most {METADATA_PAIRS} key-value pairs")
         for key, item in value.items():
@@ -88,7 +103,8 @@ class CreateBatch(BaseModel):
 
 def window_of(completion_window: str) -> timedelta:
     """The completion window as a duration: ``24h``, or an ``<n>s|m|h`` up to 24h."""
-    match = _WINDOW.match(completion_window)
+    # fullmatch: "$" would let a trailing newline through ("24h\n").
+    match = _WINDOW.fullmatch(completion_window)
     window = timedelta(seconds=int(match[1]) * _UNIT_S[match[2]]) if match is not None else None
     if window is None or window > MAX_WINDOW:
         raise ValueError("completion_window must be '24h' (or a shorter '<n>s', '<n>m', '<n>h')")
@@ -202,28 +218,6 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         )
     batch_id = layout.new_batch_id()
     window = window_of(body.completion_window)
-    try:
-        row = await store.insert_batch(
-            svc.pool,
-            batch_id=batch_id,
-            project=project,
-            input_file_id=source.file_id,
-            endpoint=body.endpoint,
-            completion_window=body.completion_window,
-            window=window,
-            model=model,
-            metadata=body.metadata,
-            max_in_progress=settings.api_max_batches_in_progress,
-        )
-    except store.TooManyBatches:
-        raise ApiError(
-            429,
-            f"This project has {settings.api_max_batches_in_progress} batches in progress, "
-            "the most it may have (LLMBATCH_API_MAX_BATCHES_IN_PROGRESS); wait for one to "
-            "finish.",
-            type=ErrorType.RATE_LIMIT,
-            code="too_many_batches_in_progress",
-        ) from None
     spec = JobSpec(
         job_id=batch_id,
         inputs=[source.object_uri],
@@ -241,20 +235,70 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             completion_window_s=int(window.total_seconds()),
         ),
     )
+    record = ApiBatchRecordInput(
+        batch_id=batch_id,
+        project=project,
+        input_file_id=source.file_id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        window_s=int(window.total_seconds()),
+        model=model,
+        metadata=body.metadata,
+        max_in_progress=settings.api_max_batches_in_progress,
+    )
+    # The workflow writes the record (Update-with-Start): a server that dies anywhere
+    # in here leaves either nothing or a batch whose workflow ends it.
     try:
-        await start_job(svc.temporal, spec, settings=settings)
-    except Exception as exc:
-        log.exception("starting batch %s failed", batch_id)
-        await set_batch_status(
-            svc.pool,
-            batch_id=batch_id,
-            status=BatchStatus.FAILED,
-            errors=[{"code": "start_failed", "message": "The batch could not be started."}],
+        await asyncio.wait_for(
+            start_api_batch(svc.temporal, spec, record, settings=settings), CREATE_WAIT_S
         )
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == FailureType.TOO_MANY_BATCHES:
+            raise ApiError(
+                429,
+                f"This project has {settings.api_max_batches_in_progress} batches in "
+                "progress, the most it may have (LLMBATCH_API_MAX_BATCHES_IN_PROGRESS); "
+                "wait for one to finish.",
+                type=ErrorType.RATE_LIMIT,
+                code="too_many_batches_in_progress",
+            ) from None
+        log.error("batch %s not recorded: %s", batch_id, cause)
         raise ApiError(
-            500, "The batch could not be started; try again.", type=ErrorType.SERVER
+            500, "The batch could not be created; try again.", type=ErrorType.SERVER
         ) from exc
-    return await _with_counts(svc, row)
+    except TimeoutError:
+        # Temporal has the workflow, which writes the record once a CPU worker takes
+        # it: answer with the batch as it will be (validating), not an error that
+        # would make the caller create it twice.
+        log.warning("batch %s: its record not written within %s s", batch_id, CREATE_WAIT_S)
+        now = datetime.now(UTC)
+        return await _with_counts(
+            svc,
+            store.BatchRow(
+                batch_id=batch_id,
+                project=project,
+                input_file_id=source.file_id,
+                endpoint=body.endpoint,
+                completion_window=body.completion_window,
+                model=model,
+                metadata=body.metadata,
+                status=BatchStatus.VALIDATING,
+                errors=None,
+                output_file_id=None,
+                error_file_id=None,
+                created_at=now,
+                expires_at=now + window,
+                in_progress_at=None,
+                finalizing_at=None,
+                completed_at=None,
+                failed_at=None,
+                expired_at=None,
+                cancelling_at=None,
+                cancelled_at=None,
+            ),
+        )
+    return await _with_counts(svc, await _batch(svc, project, batch_id))
 
 
 async def _batch(svc: Services, project: str, batch_id: str) -> store.BatchRow:
@@ -302,4 +346,8 @@ async def cancel_batch(batch_id: str, project: Project, svc: Svc) -> Batch:
     except RPCError as exc:
         if exc.status != RPCStatusCode.NOT_FOUND:
             raise
+        # No workflow runs it (a record left by a server of before Update-with-Start,
+        # or a workflow that ended without its record's end): nothing else will end it.
+        log.warning("batch %s has no running workflow: cancelled here", batch_id)
+        await set_batch_status(svc.pool, batch_id=batch_id, status=BatchStatus.CANCELLED)
     return await _with_counts(svc, await _batch(svc, project, batch_id))

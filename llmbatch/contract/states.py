@@ -102,3 +102,7 @@ class FailureType(enum.StrEnum):
     REDRIVE_RUNNING = "RedriveRunning"
     INVALID_REDRIVE = "InvalidRedrive"
     WRONG_MODEL = "WrongModel"
+    # An API project already has its limit of unfinished batches.
+    TOO_MANY_BATCHES = "TooManyBatches"
+    # An API batch's workflow started without its record (no create_api_batch update).
+    BATCH_NOT_RECORDED = "BatchNotRecorded"

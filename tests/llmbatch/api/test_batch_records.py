@@ -1,0 +1,170 @@
+"""A batch's record never outlives its workflow: a server killed the moment a batch's
+record is committed leaves a batch that still runs to its end, and a record with no
+workflow (as a server of before Update-with-Start left one) is ended by its cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import asyncpg
+import openai
+import pytest
+
+from llmbatch.api import layout, store
+from llmbatch.devstack.process import free_port
+from tests.fixtures.api_server import API_LIMITS, ApiServer, Keys
+from tests.llmbatch.api.helpers import batch_file
+
+FINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+@contextlib.asynccontextmanager
+async def slow_proxy(target: str, *, delay_s: float) -> AsyncIterator[str]:
+    """A TCP proxy to ``target`` that holds every chunk a client sends for ``delay_s``
+    (a slow network to Temporal): the test's fault injector, since a real Temporal
+    cannot be made slow on demand. Yields its own address."""
+    host, port = target.rsplit(":", 1)
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
+        try:
+            while data := await src.read(65536):
+                if delay:
+                    await asyncio.sleep(delay)
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            dst.close()
+
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        for t in (pipe(reader, up_writer, delay_s), pipe(up_reader, writer, 0.0)):
+            task = asyncio.create_task(t)
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    listen = free_port()
+    server = await asyncio.start_server(serve, "127.0.0.1", listen)
+    try:
+        yield f"127.0.0.1:{listen}"
+    finally:
+        server.close()
+        for task in list(tasks):
+            task.cancel()
+
+
+async def final_status(pool: asyncpg.Pool, batch_id: str, *, within_s: float) -> str | None:
+    """The batch's status once final (None when it has no record), or the last one seen
+    when ``within_s`` passes."""
+    deadline = time.monotonic() + within_s
+    while True:
+        status = await pool.fetchval("SELECT status FROM api_batches WHERE batch_id = $1", batch_id)
+        if status is None or status in FINAL or time.monotonic() > deadline:
+            return None if status is None else str(status)
+        await asyncio.sleep(0.5)
+
+
+async def test_a_server_killed_once_the_record_is_committed_leaves_a_batch_that_ends(
+    served_model: str,
+    api_server: ApiServer,
+    api_keys: Keys,
+    api_pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    key = await api_keys.new()
+    temporal = api_server.settings.temporal_address
+    async with slow_proxy(temporal, delay_s=0.5) as via:
+        doomed = ApiServer(
+            settings=api_server.settings,
+            log=tmp_path / "doomed.log",
+            env={**API_LIMITS, "LLMBATCH_TEMPORAL_ADDRESS": via},
+        )
+        await asyncio.to_thread(doomed.start)
+        client = openai.AsyncOpenAI(base_url=doomed.base_url, api_key=key, max_retries=0)
+        f = await client.files.create(
+            file=("in.jsonl", batch_file(served_model, 2)), purpose="batch"
+        )
+        recorded: asyncio.Queue[str] = asyncio.Queue()
+
+        def on_insert(conn: object, pid: int, channel: str, batch_id: str) -> None:
+            # The moment the record is committed: the server dies, as a lost machine.
+            doomed.kill()
+            recorded.put_nowait(batch_id)
+
+        listener = await asyncpg.connect(api_server.settings.postgres_dsn.get_secret_value())
+        try:
+            await listener.execute(
+                """
+                CREATE OR REPLACE FUNCTION test_api_batch_recorded() RETURNS trigger AS $$
+                BEGIN PERFORM pg_notify('api_batch_recorded', NEW.batch_id); RETURN NEW; END
+                $$ LANGUAGE plpgsql;
+                DROP TRIGGER IF EXISTS test_api_batch_recorded ON api_batches;
+                CREATE TRIGGER test_api_batch_recorded AFTER INSERT ON api_batches
+                FOR EACH ROW EXECUTE FUNCTION test_api_batch_recorded();
+                """
+            )
+            await listener.add_listener("api_batch_recorded", on_insert)
+            create = asyncio.create_task(
+                client.batches.create(
+                    input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+                )
+            )
+            batch_id = await asyncio.wait_for(recorded.get(), 60)
+            with pytest.raises(openai.APIConnectionError):
+                await create
+        finally:
+            await listener.execute(
+                "DROP TRIGGER IF EXISTS test_api_batch_recorded ON api_batches; "
+                "DROP FUNCTION IF EXISTS test_api_batch_recorded()"
+            )
+            await listener.close()
+            doomed.kill()
+    # Whoever wrote the record, a workflow ends the batch: it does not stay validating.
+    assert await final_status(api_pool, batch_id, within_s=120) == "completed"
+    live = openai.AsyncOpenAI(base_url=api_server.base_url, api_key=key, max_retries=0)
+    batch = await live.batches.retrieve(batch_id)
+    assert batch.request_counts is not None and batch.request_counts.completed == 2
+    data = await (await live.files.content(batch.output_file_id or "")).aread()
+    assert sorted(json.loads(line)["custom_id"] for line in data.splitlines()) == [
+        "req-0",
+        "req-1",
+    ]
+
+
+async def test_cancelling_a_batch_without_a_workflow_ends_it(
+    served_model: str, api_server: ApiServer, api_keys: Keys, api_pool: asyncpg.Pool
+) -> None:
+    project = "orphan-" + layout.new_file_id()[-8:]
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(project), max_retries=0
+    )
+    f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
+    # A record whose workflow never started, as a server that died between writing it
+    # and starting the workflow left it before Update-with-Start.
+    batch_id = layout.new_batch_id()
+    await store.insert_batch(
+        api_pool,
+        batch_id=batch_id,
+        project=project,
+        input_file_id=f.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        window=timedelta(hours=24),
+        model=served_model,
+        metadata=None,
+        max_in_progress=10,
+    )
+    cancelled = await client.batches.cancel(batch_id)
+    assert cancelled.status == "cancelled"
+    assert cancelled.cancelled_at is not None
+    # It no longer holds its input, nor a place in the project's in-progress limit.
+    assert (await client.files.delete(f.id)).deleted
