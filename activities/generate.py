@@ -29,7 +29,7 @@ from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardIn
 from llmbatch.contract.names import GENERATE
 from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import FailureType, ItemStatus, ResultSource
-from llmbatch.dedup import cache_key, request_key
+from llmbatch.dedup import cache_key, cache_scope, request_key
 from llmbatch.engine import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -131,7 +131,7 @@ class GenerateActivities:
                 and weights is not None
                 and (spec.cache if spec.cache is not None else self._ctx.settings.cache)
             ):
-                groups = await _from_cache(self._ctx, recorder, groups, weights)
+                groups = await _from_cache(self._ctx, recorder, groups)
             ready, waiting = await leads.resolve([g for g in groups if g.shared])
             pending.extend([g for g in groups if not g.shared] + ready)
 
@@ -333,30 +333,31 @@ def _groups(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> list[_G
 
 
 async def _from_cache(
-    ctx: ActivityContext, recorder: _Recorder, groups: list[_Group], weights: str
+    ctx: ActivityContext, recorder: _Recorder, groups: list[_Group]
 ) -> list[_Group]:
     """Answer the groups the result cache holds; return the others."""
     keyed: dict[str, list[_Group]] = {}
     for group in groups:
         if group.key is not None:
-            keyed.setdefault(cache_key(group.key, weights), []).append(group)
+            keyed.setdefault(recorder.cache_key(group.key), []).append(group)
     hits = await result_cache.lookup(
         ctx.pool,
         cache_keys=list(keyed),
         uses=[sum(len(g.items) for g in gs) for gs in keyed.values()],
     )
     job_id = recorder.job_id
+    # A hit of a cache shared across tenants may be another tenant's: never named.
+    anonymous = recorder.scope is None and recorder.tenant is not None
     rest: list[_Group] = []
     for group in groups:
-        hit = hits.get(cache_key(group.key, weights)) if group.key is not None else None
+        hit = hits.get(recorder.cache_key(group.key)) if group.key is not None else None
         if hit is None:
             rest.append(group)
         elif hit.job_id == job_id:  # this job's own result: deduplicated, not cached
             recorder.share(group, hit, source=ResultSource.DEDUPLICATED, shared_with=hit.item_id)
         else:
-            recorder.share(
-                group, hit, source=ResultSource.CACHED, shared_with=f"{hit.job_id}/{hit.item_id}"
-            )
+            origin = "result_cache" if anonymous else f"{hit.job_id}/{hit.item_id}"
+            recorder.share(group, hit, source=ResultSource.CACHED, shared_with=origin)
     return rest
 
 
@@ -455,12 +456,20 @@ class _Recorder:
         self._metric_attrs = telemetry.attrs(job_id=input.spec.job_id, model=input.spec.model)
         self._usage = usage
         self._weights = engine.weights if engine is not None else None
+        self.tenant = input.spec.tenant
+        self.scope = cache_scope(self.tenant, shared=ctx.settings.cache_shared_across_tenants)
         self._gpus = engine.gpus if engine is not None else 1
         self._usage_recorded = (0, 0.0)
 
     @property
     def job_id(self) -> str:
         return self._input.spec.job_id
+
+    def cache_key(self, request_key: str) -> str:
+        """The result cache's key of a request this attempt answers: its weights' and
+        its tenant's (see :func:`llmbatch.dedup.cache_scope`)."""
+        assert self._weights is not None  # the cache is used only with known weights
+        return cache_key(request_key, self._weights, scope=self.scope)
 
     def submit(self, group: _Group) -> GenerationRequest:
         """The engine request for ``group``'s first item."""
@@ -549,7 +558,7 @@ class _Recorder:
         if group.key is not None and self._weights is not None:
             self._cache.append(
                 result_cache.NewEntry(
-                    cache_key=cache_key(group.key, self._weights),
+                    cache_key=self.cache_key(group.key),
                     result=stored,
                     prompt_tokens=result.prompt_tokens,
                     completion_tokens=result.completion_tokens,

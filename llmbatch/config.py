@@ -79,6 +79,12 @@ class Settings(BaseSettings):
         "(JobSpec.cache unset) from earlier jobs' results for the same model weights. Read by "
         "GPU workers; `submit --cache/--no-cache` decides per job.",
     )
+    cache_shared_across_tenants: bool = Field(
+        default=False,
+        description="Let the result cache answer a job from another tenant's results (an "
+        "API project is its batches' tenant). Off: each tenant's results answer its own "
+        "jobs only, so no tenant gets, or can time, another's. Read by GPU workers.",
+    )
     gpu_hour_price: float | None = Field(
         default=None,
         ge=0,
