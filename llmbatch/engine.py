@@ -58,6 +58,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from llmbatch import telemetry
 from llmbatch.contract.spec import EmbedSpec, SamplingSpec, Task
 from llmbatch.contract.states import ErrorClass
+from llmbatch.parent_death import children_die_with_us
 
 __all__ = [
     "EmbeddingRequest",
@@ -492,7 +493,8 @@ class Engine:
         if added:
             log.info("environment of the engine processes: %s", added)
         # vLLM starts its engine processes here, from this one: they inherit os.environ.
-        with _environ(added):
+        # ... and die with it, even when it is SIGKILLed (see llmbatch.parent_death).
+        with _environ(added), children_die_with_us():
             llm = AsyncLLM.from_engine_args(options.to_engine_args())
         # vLLM's own tokenizer: the prompt we count is exactly the prompt it runs.
         engine = cls(llm, llm.get_tokenizer(), options)

@@ -6,6 +6,7 @@ from typing import Any
 
 import typer
 
+from llmbatch import parent_death
 from llmbatch.cli import (
     api,
     cache,
@@ -20,6 +21,10 @@ from llmbatch.cli import (
     worker,
 )
 from llmbatch.cli.common import leave_if_client_command
+
+# A multiprocessing child spawned by an engine of this process imports this module as
+# its __mp_main__: it is marked to die with its parent (see llmbatch.parent_death).
+parent_death.on_main_import(__name__)
 
 
 class _App(typer.Typer):
