@@ -189,6 +189,13 @@ class Settings(BaseSettings):
         le=500,
         description="Shards of one API batch that run at once (a job's max_concurrent_shards).",
     )
+    api_stale_upload_after: timedelta = Field(
+        default=timedelta(hours=6),
+        gt=timedelta(0),
+        description="An S3 multipart upload of `POST /v1/files` still open this long after "
+        "it began is aborted by `llm-batch serve` (a server killed mid-upload leaves one "
+        "that nothing completes); seconds or an ISO 8601 duration.",
+    )
     api_upload_part_bytes: int = Field(
         default=8 << 20,
         ge=5 << 20,

@@ -7,13 +7,14 @@ id), so any number of replicas answer for any batch, and a restart loses nothing
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
 from llmbatch import ledger
-from llmbatch.api import batches, files, models
+from llmbatch.api import batches, files, models, stale_uploads
 from llmbatch.api.deps import Services
 from llmbatch.api.errors import install_handlers, refuse_nul
 from llmbatch.client import connect
@@ -35,7 +36,17 @@ def create_app(settings: Settings) -> FastAPI:
             )
             # Read by auth.project_of, which needs only the pool.
             app.state.pool = pool
-            yield
+            sweeper = asyncio.create_task(
+                stale_uploads.sweep_forever(
+                    app.state.services.store.client,
+                    bucket=settings.s3_bucket,
+                    older_than=settings.api_stale_upload_after,
+                )
+            )
+            try:
+                yield
+            finally:
+                sweeper.cancel()
         finally:
             await pool.close()
 

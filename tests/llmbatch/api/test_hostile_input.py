@@ -5,7 +5,11 @@ completion window with a trailing newline. Real ``llm-batch serve``, Postgres an
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +17,7 @@ import pytest
 
 from llmbatch.api import layout
 from llmbatch.storage import S3Store
-from tests.fixtures.api_server import ApiServer, Keys
+from tests.fixtures.api_server import API_LIMITS, ApiServer, Keys
 from tests.llmbatch.api.helpers import batch_file
 
 BOUNDARY = "llmbatch-test-boundary"
@@ -157,3 +161,61 @@ async def test_a_completion_window_with_stray_whitespace_is_refused(
         )
         error = error_of(response, 400, "invalid_value")
         assert error["param"] == "completion_window"
+
+
+async def test_a_server_killed_mid_upload_leaves_no_multipart_upload_for_ever(
+    api_server: ApiServer, api_keys: Keys, tmp_path: Path
+) -> None:
+    env = {
+        **API_LIMITS,
+        "LLMBATCH_API_MAX_FILE_BYTES": str(64 << 20),
+        "LLMBATCH_API_STALE_UPLOAD_AFTER": "PT3S",
+    }
+    server = ApiServer(settings=api_server.settings, log=tmp_path / "serve.log", env=env)
+    await asyncio.to_thread(server.start)
+    s3 = S3Store(api_server.settings).client
+    bucket = api_server.settings.s3_bucket
+
+    def open_uploads() -> list[str]:
+        found = s3.list_multipart_uploads(Bucket=bucket, Prefix=f"{layout.API_PREFIX}/files/")
+        return [u["UploadId"] for u in found.get("Uploads", [])]
+
+    held = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        # More than one 8 MiB part, then nothing more: the server has begun a multipart
+        # upload and waits for the rest, which never comes.
+        yield multipart(b"x" * (9 << 20), closed=False)
+        await held.wait()
+
+    try:
+        async with httpx.AsyncClient(
+            base_url=server.base_url,
+            headers={"Authorization": f"Bearer {await api_keys.new()}"},
+            timeout=60,
+        ) as client:
+            upload = asyncio.create_task(
+                client.post(
+                    "/files",
+                    content=body(),
+                    headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
+                )
+            )
+            for _ in range(120):
+                if open_uploads():
+                    break
+                await asyncio.sleep(0.5)
+            assert open_uploads(), "the server never began a multipart upload"
+            server.kill()  # mid-upload: nothing of the server runs on
+            held.set()
+            with contextlib.suppress(httpx.HTTPError):
+                await upload
+        # A server (this one again, or any replica) aborts what was left.
+        await asyncio.to_thread(server.start)
+        for _ in range(60):
+            if not open_uploads():
+                break
+            await asyncio.sleep(0.5)
+        assert open_uploads() == []
+    finally:
+        server.stop()
