@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -174,7 +175,12 @@ def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
 
 
 async def model_has_worker(
-    client: Client, settings: Settings, model: str, *, task: Task = Task.GENERATE
+    client: Client,
+    settings: Settings,
+    model: str,
+    *,
+    task: Task = Task.GENERATE,
+    rpc_timeout: timedelta | None = None,
 ) -> bool:
     """Whether a GPU worker polls ``model``'s queue for ``task`` (Temporal's
     DescribeTaskQueue).
@@ -182,17 +188,23 @@ async def model_has_worker(
     Temporal lists a poller for a few minutes after its last poll, so a worker that
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
     """
-    return await queue_has_pollers(client, settings.gpu_task_queue(model, task))
+    return await queue_has_pollers(
+        client, settings.gpu_task_queue(model, task), rpc_timeout=rpc_timeout
+    )
 
 
-async def queue_has_pollers(client: Client, task_queue: str) -> bool:
-    """Whether a worker polls ``task_queue`` for activities (see :func:`model_has_worker`)."""
+async def queue_has_pollers(
+    client: Client, task_queue: str, *, rpc_timeout: timedelta | None = None
+) -> bool:
+    """Whether a worker polls ``task_queue`` for activities (see :func:`model_has_worker`);
+    ``rpc_timeout`` bounds the call (an RPCError DEADLINE_EXCEEDED past it)."""
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
             task_queue=TaskQueue(name=task_queue),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-        )
+        ),
+        timeout=rpc_timeout,
     )
     return bool(response.pollers)
 

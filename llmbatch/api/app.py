@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI
 from llmbatch import ledger
 from llmbatch.api import batches, files, models, stale_uploads
 from llmbatch.api.deps import Services
-from llmbatch.api.errors import install_handlers, refuse_nul
+from llmbatch.api.errors import BACKEND_TIMEOUT_S, install_handlers, refuse_nul
 from llmbatch.client import connect
 from llmbatch.config import Settings
 from llmbatch.storage import S3Store
@@ -28,7 +28,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        # A request answers 503 within seconds when Postgres is away (errors.py),
+        # rather than waiting on a connection or a statement for ever.
+        pool = await ledger.create_pool(
+            settings.postgres_dsn.get_secret_value(),
+            connect_timeout_s=BACKEND_TIMEOUT_S,
+            command_timeout_s=BACKEND_TIMEOUT_S,
+        )
         try:
             temporal = await connect(settings)
             app.state.services = Services(

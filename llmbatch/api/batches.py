@@ -17,11 +17,11 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch import ledger
+from llmbatch import ledger, openai_batch
 from llmbatch.api import layout, store
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
-from llmbatch.api.errors import ApiError, ErrorType, not_found
+from llmbatch.api.errors import BACKEND_TIMEOUT_S, ApiError, ErrorType, not_found
 from llmbatch.api.objects import (
     Batch,
     BatchError,
@@ -200,6 +200,21 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         )
     head = await asyncio.to_thread(svc.store.read_range, source.object_uri, 0, MODEL_SCAN_BYTES)
     model = model_of(head, whole=source.bytes <= MODEL_SCAN_BYTES)
+    if model is None and not head.strip():
+        raise ApiError(
+            400,
+            "The batch input file is empty.",
+            param="input_file_id",
+            code=openai_batch.EMPTY_FILE,
+        )
+    if model is None and source.bytes > MODEL_SCAN_BYTES and b"\n" not in head:
+        # Validation would refuse it too: a line is at most a job's max_row_bytes.
+        raise ApiError(
+            400,
+            f"Line 1 is longer than the limit of {MODEL_SCAN_BYTES} bytes.",
+            param="input_file_id",
+            code=openai_batch.LINE_TOO_LARGE,
+        )
     if model is None:
         raise ApiError(
             400,
@@ -207,7 +222,13 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="input_file_id",
             code="missing_model",
         )
-    if not await model_has_worker(svc.temporal, settings, model, task=body.endpoint.task):
+    if not await model_has_worker(
+        svc.temporal,
+        settings,
+        model,
+        task=body.endpoint.task,
+        rpc_timeout=timedelta(seconds=BACKEND_TIMEOUT_S),
+    ):
         raise ApiError(
             400,
             f"No worker serves model {model!r}: start a GPU worker for it "

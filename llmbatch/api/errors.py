@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from temporalio.service import RPCError, RPCStatusCode
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,36 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.code = code
+
+
+# How long a request waits on Postgres or Temporal before it answers 503.
+BACKEND_TIMEOUT_S = 5.0
+# What a 503 tells the caller to wait before trying again.
+RETRY_AFTER_S = 5
+
+# The database or Temporal is away (refused, reset, timed out): the request may work
+# later, so 503 with Retry-After, as OpenAI's clients retry those.
+_BACKEND_DOWN: tuple[type[BaseException], ...] = (
+    OSError,  # ConnectionRefusedError and friends
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+)
+_TEMPORAL_DOWN = (
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+)
+
+
+def backend_down(exc: BaseException) -> bool:
+    """Whether ``exc`` says Postgres or Temporal is away, not that the request is bad."""
+    if isinstance(exc, RPCError):
+        return exc.status in _TEMPORAL_DOWN
+    return isinstance(exc, _BACKEND_DOWN)
 
 
 def not_found(kind: str, object_id: str, *, param: str = "id") -> ApiError:
@@ -128,6 +159,25 @@ def install_handlers(app: FastAPI) -> None:
             status_code=exc.status_code,
             headers=exc.headers,
         )
+
+    async def _backend(request: Request, exc: Exception) -> JSONResponse:
+        if not backend_down(exc):
+            return await _unexpected(request, exc)
+        log.warning("%s %s: a backend is away: %r", request.method, request.url.path, exc)
+        return JSONResponse(
+            error_body(
+                "The service is temporarily unavailable; retry in a few seconds.",
+                type=ErrorType.SERVER,
+                code="service_unavailable",
+            ),
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    # Each class of its own: the catch-all below is Starlette's last resort, which
+    # re-raises after answering, and the connection is dropped.
+    for kind in (*_BACKEND_DOWN, RPCError):
+        app.add_exception_handler(kind, _backend)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -5,10 +5,8 @@ workflow (as a server of before Update-with-Start left one) is ended by its canc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,49 +15,11 @@ import openai
 import pytest
 
 from llmbatch.api import layout, store
-from llmbatch.devstack.process import free_port
 from tests.fixtures.api_server import API_LIMITS, ApiServer, Keys
+from tests.fixtures.tcp_proxy import TcpProxy
 from tests.llmbatch.api.helpers import batch_file
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
-
-
-@contextlib.asynccontextmanager
-async def slow_proxy(target: str, *, delay_s: float) -> AsyncIterator[str]:
-    """A TCP proxy to ``target`` that holds every chunk a client sends for ``delay_s``
-    (a slow network to Temporal): the test's fault injector, since a real Temporal
-    cannot be made slow on demand. Yields its own address."""
-    host, port = target.rsplit(":", 1)
-
-    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
-        try:
-            while data := await src.read(65536):
-                if delay:
-                    await asyncio.sleep(delay)
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            dst.close()
-
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(host, int(port))
-        for t in (pipe(reader, up_writer, delay_s), pipe(up_reader, writer, 0.0)):
-            task = asyncio.create_task(t)
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-    listen = free_port()
-    server = await asyncio.start_server(serve, "127.0.0.1", listen)
-    try:
-        yield f"127.0.0.1:{listen}"
-    finally:
-        server.close()
-        for task in list(tasks):
-            task.cancel()
 
 
 async def final_status(pool: asyncpg.Pool, batch_id: str, *, within_s: float) -> str | None:
@@ -82,11 +42,13 @@ async def test_a_server_killed_once_the_record_is_committed_leaves_a_batch_that_
 ) -> None:
     key = await api_keys.new()
     temporal = api_server.settings.temporal_address
-    async with slow_proxy(temporal, delay_s=0.5) as via:
+    # Temporal slowed (a real one cannot be made slow on demand): the server's start of
+    # the workflow comes well after its record is committed, as a slow network has it.
+    async with TcpProxy(temporal, delay_s=0.5) as via:
         doomed = ApiServer(
             settings=api_server.settings,
             log=tmp_path / "doomed.log",
-            env={**API_LIMITS, "LLMBATCH_TEMPORAL_ADDRESS": via},
+            env={**API_LIMITS, "LLMBATCH_TEMPORAL_ADDRESS": via.address},
         )
         await asyncio.to_thread(doomed.start)
         client = openai.AsyncOpenAI(base_url=doomed.base_url, api_key=key, max_retries=0)

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from llmbatch.api import layout
 from llmbatch.storage import S3Store
 from tests.fixtures.api_server import API_LIMITS, ApiServer, Keys
-from tests.llmbatch.api.helpers import batch_file
+from tests.llmbatch.api.helpers import batch_file, jsonl, until
 
 BOUNDARY = "llmbatch-test-boundary"
 
@@ -219,3 +220,57 @@ async def test_a_server_killed_mid_upload_leaves_no_multipart_upload_for_ever(
         assert open_uploads() == []
     finally:
         server.stop()
+
+
+async def test_two_authorization_headers_are_refused(api_server: ApiServer, api_keys: Keys) -> None:
+    good = f"Bearer {await api_keys.new()}"
+    async with httpx.AsyncClient(base_url=api_server.base_url, timeout=30) as client:
+        for headers in (
+            [("Authorization", good), ("Authorization", "Bearer sk-wrong")],
+            [("Authorization", "Bearer sk-wrong"), ("Authorization", good)],
+            [("Authorization", good), ("Authorization", good)],
+        ):
+            error = error_of(await client.get("/files", headers=headers), 400)
+            assert error["param"] == "Authorization"
+        assert (await client.get("/files", headers={"Authorization": good})).status_code == 200
+
+
+async def test_an_empty_file_is_refused_as_empty_not_as_missing_a_model(
+    api_server: ApiServer, api_keys: Keys
+) -> None:
+    async with await http(api_server, api_keys) as client:
+        for data in (b"", b"\n\n"):
+            f = await client.post(
+                "/files",
+                content=multipart(data),
+                headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
+            )
+            response = await client.post(
+                "/batches",
+                json={
+                    "input_file_id": f.json()["id"],
+                    "endpoint": "/v1/chat/completions",
+                    "completion_window": "24h",
+                },
+            )
+            error_of(response, 400, "empty_file")
+
+
+async def test_a_refused_body_parameter_names_its_line_and_code_and_no_object(
+    served_model: str, api_server: ApiServer, api_keys: Keys
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
+    )
+    lines = [json.loads(line) for line in batch_file(served_model, 3).splitlines()]
+    lines[1]["body"]["logit_bias"] = {"50256": -100}
+    f = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    failed = await until(client, batch.id, lambda b: b.status in ("failed", "completed"))
+    assert failed.status == "failed", failed
+    assert failed.errors is not None and failed.errors.data
+    [error] = failed.errors.data
+    assert (error.line, error.code, error.param) == (2, "unsupported_parameter", "body.logit_bias")
+    assert "://" not in (error.message or "")
