@@ -104,6 +104,19 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def _answer(
+    status: int,
+    message: str,
+    *,
+    type: ErrorType = ErrorType.INVALID_REQUEST,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        error_body(message, type=type, code=code), status_code=status, headers=headers
+    )
+
+
 def install_handlers(app: FastAPI) -> None:
     """Render every error in OpenAI's shape."""
 
@@ -139,13 +152,10 @@ def install_handlers(app: FastAPI) -> None:
         # A caller's text Postgres cannot hold (a NUL) that a check above missed: the
         # caller's fault, so 400, never a 500.
         log.warning("%s %s: text refused by Postgres: %s", request.method, request.url.path, exc)
-        return JSONResponse(
-            error_body(
-                "A parameter holds characters that cannot be stored (such as NUL).",
-                type=ErrorType.INVALID_REQUEST,
-                code="invalid_value",
-            ),
-            status_code=400,
+        return _answer(
+            400,
+            "A parameter holds characters that cannot be stored (such as NUL).",
+            code="invalid_value",
         )
 
     @app.exception_handler(StarletteHTTPException)
@@ -164,13 +174,11 @@ def install_handlers(app: FastAPI) -> None:
         if not backend_down(exc):
             return await _unexpected(request, exc)
         log.warning("%s %s: a backend is away: %r", request.method, request.url.path, exc)
-        return JSONResponse(
-            error_body(
-                "The service is temporarily unavailable; retry in a few seconds.",
-                type=ErrorType.SERVER,
-                code="service_unavailable",
-            ),
-            status_code=503,
+        return _answer(
+            503,
+            "The service is temporarily unavailable; retry in a few seconds.",
+            type=ErrorType.SERVER,
+            code="service_unavailable",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
