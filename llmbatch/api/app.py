@@ -17,9 +17,9 @@ from llmbatch import ledger
 from llmbatch.api import batches, files, models, stale_uploads
 from llmbatch.api.deps import Services
 from llmbatch.api.errors import BACKEND_TIMEOUT_S, install_handlers, refuse_nul
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
-from llmbatch.storage import S3Store
+from llmbatch.storage.s3 import S3Store
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -30,7 +30,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A request answers 503 within seconds when Postgres is away (errors.py),
         # rather than waiting on a connection or a statement for ever.
-        pool = await ledger.create_pool(
+        pool = await ledger.db.create_pool(
             settings.postgres_dsn.get_secret_value(),
             connect_timeout_s=BACKEND_TIMEOUT_S,
             command_timeout_s=BACKEND_TIMEOUT_S,

@@ -17,8 +17,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch import ledger, openai_batch
-from llmbatch.api import layout, store
+from llmbatch import ledger
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import BACKEND_TIMEOUT_S, ApiError, ErrorType, not_found
@@ -31,11 +30,13 @@ from llmbatch.api.objects import (
     CursorPage,
     page,
 )
-from llmbatch.api.records import FINAL_STATUSES, set_batch_status
-from llmbatch.client import model_has_worker, start_api_batch
+from llmbatch.client.temporal import model_has_worker, start_api_batch
 from llmbatch.contract.messages import ApiBatchRecordInput
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, FailureType
+from llmbatch.formats import openai_batch
+from llmbatch.ledger import api_layout, api_records
+from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -115,7 +116,7 @@ def _ts(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value is not None else None
 
 
-def batch_object(row: store.BatchRow, counts: ledger.JobCounts) -> Batch:
+def batch_object(row: api_records.BatchRow, counts: ledger.jobs.JobCounts) -> Batch:
     """The batch as OpenAI's ``Batch`` type has it: its record, and the ledger's counts."""
     errors = (
         BatchErrors(data=[BatchError.model_validate(e) for e in row.errors]) if row.errors else None
@@ -151,8 +152,8 @@ def batch_object(row: store.BatchRow, counts: ledger.JobCounts) -> Batch:
     )
 
 
-async def _with_counts(svc: Services, row: store.BatchRow) -> Batch:
-    return batch_object(row, await ledger.job_counts(svc.pool, job_id=row.batch_id))
+async def _with_counts(svc: Services, row: api_records.BatchRow) -> Batch:
+    return batch_object(row, await ledger.jobs.job_counts(svc.pool, job_id=row.batch_id))
 
 
 def model_of(head: bytes, *, whole: bool) -> str | None:
@@ -178,7 +179,7 @@ def model_of(head: bytes, *, whole: bool) -> str | None:
 async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
     """Create a batch over an uploaded file and start it."""
     settings = svc.settings
-    source = await store.get_file(svc.pool, project=project, file_id=body.input_file_id)
+    source = await api_records.get_file(svc.pool, project=project, file_id=body.input_file_id)
     if source is None:
         raise not_found("File", body.input_file_id, param="input_file_id")
     if source.purpose != "batch":
@@ -237,14 +238,14 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="model",
             code="model_not_found",
         )
-    batch_id = layout.new_batch_id()
+    batch_id = api_layout.new_batch_id()
     window = window_of(body.completion_window)
     spec = JobSpec(
         job_id=batch_id,
         inputs=[source.object_uri],
         input_format=InputFormat.OPENAI,
         model=model,
-        output_uri=layout.batch_output_uri(settings.s3_bucket),
+        output_uri=api_layout.batch_output_uri(settings.s3_bucket),
         shard_size=settings.api_shard_size,
         max_concurrent_shards=settings.api_max_concurrent_shards,
         task=body.endpoint.task,
@@ -296,7 +297,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         now = datetime.now(UTC)
         return await _with_counts(
             svc,
-            store.BatchRow(
+            api_records.BatchRow(
                 batch_id=batch_id,
                 project=project,
                 input_file_id=source.file_id,
@@ -322,8 +323,8 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
     return await _with_counts(svc, await _batch(svc, project, batch_id))
 
 
-async def _batch(svc: Services, project: str, batch_id: str) -> store.BatchRow:
-    row = await store.get_batch(svc.pool, project=project, batch_id=batch_id)
+async def _batch(svc: Services, project: str, batch_id: str) -> api_records.BatchRow:
+    row = await api_records.get_batch(svc.pool, project=project, batch_id=batch_id)
     if row is None:
         raise not_found("Batch", batch_id)
     return row
@@ -342,7 +343,7 @@ async def list_batches(
     after: str | None = None,
 ) -> CursorPage[Batch]:
     """The project's batches, newest first."""
-    rows, more = await store.list_batches(svc.pool, project=project, limit=limit, after=after)
+    rows, more = await api_records.list_batches(svc.pool, project=project, limit=limit, after=after)
     items = [await _with_counts(svc, r) for r in rows]
     return CursorPage[Batch](**page(items, has_more=more))
 

@@ -14,7 +14,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from llmbatch.api import layout
+from llmbatch.ledger import api_layout
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -30,7 +30,7 @@ def abort_stale_uploads(client: S3Client, *, bucket: str, older_than: timedelta)
     cutoff = datetime.now(UTC) - older_than
     aborted = 0
     pages = client.get_paginator("list_multipart_uploads").paginate(
-        Bucket=bucket, Prefix=f"{layout.API_PREFIX}/files/"
+        Bucket=bucket, Prefix=f"{api_layout.API_PREFIX}/files/"
     )
     for page in pages:
         for upload in page.get("Uploads", []):

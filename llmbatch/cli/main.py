@@ -6,7 +6,6 @@ from typing import Any
 
 import typer
 
-from llmbatch import parent_death
 from llmbatch.cli import (
     api,
     cache,
@@ -15,15 +14,17 @@ from llmbatch.cli import (
     demo,
     dev,
     dlq,
+    docs,
     jobs,
     migrate,
     schedules,
     worker,
 )
 from llmbatch.cli.common import leave_if_client_command
+from llmbatch.engine import parent_death
 
 # A multiprocessing child spawned by an engine of this process imports this module as
-# its __mp_main__: it is marked to die with its parent (see llmbatch.parent_death).
+# its __mp_main__: it is marked to die with its parent (see llmbatch.engine.parent_death).
 parent_death.on_main_import(__name__)
 
 
@@ -57,6 +58,7 @@ app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
 app.command("codec-server")(codec.codec_server)
 app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
+app.add_typer(docs.app, name="docs", help="The docs site's generated reference pages.")
 jobs.register(app)
 control.register(app)
 api.register(app)

@@ -13,7 +13,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 
@@ -59,10 +59,10 @@ async def test_one_tenants_cached_results_never_answer_another_tenant(
     again = _spec(source, out, model_name, tenant=alice)
     await _run(temporal_client, workers, again)
 
-    pool = await ledger.create_pool(workers.postgres_dsn.get_secret_value(), max_size=1)
+    pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value(), max_size=1)
     try:
-        bobs = await ledger.usage(pool, job_id=other.job_id)
-        alices = await ledger.usage(pool, job_id=again.job_id)
+        bobs = await ledger.usage.usage(pool, job_id=other.job_id)
+        alices = await ledger.usage.usage(pool, job_id=again.job_id)
         named = await pool.fetch(
             "SELECT item_id, shared_with FROM items WHERE job_id = $1 AND shared_with IS NOT NULL",
             other.job_id,

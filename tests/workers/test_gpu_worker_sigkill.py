@@ -16,7 +16,7 @@ import psutil
 from temporalio.client import Client
 
 from llmbatch.config import Settings
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
 
 

@@ -14,7 +14,7 @@ import asyncpg
 import openai
 import pytest
 
-from llmbatch.api import layout, store
+from llmbatch.ledger import api_layout, api_records
 from tests.fixtures.api_server import API_LIMITS, ApiServer, Keys
 from tests.fixtures.tcp_proxy import TcpProxy
 from tests.llmbatch.api.helpers import batch_file
@@ -105,15 +105,15 @@ async def test_a_server_killed_once_the_record_is_committed_leaves_a_batch_that_
 async def test_cancelling_a_batch_without_a_workflow_ends_it(
     served_model: str, api_server: ApiServer, api_keys: Keys, api_pool: asyncpg.Pool
 ) -> None:
-    project = "orphan-" + layout.new_file_id()[-8:]
+    project = "orphan-" + api_layout.new_file_id()[-8:]
     client = openai.AsyncOpenAI(
         base_url=api_server.base_url, api_key=await api_keys.new(project), max_retries=0
     )
     f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
     # A record whose workflow never started, as a server that died between writing it
     # and starting the workflow left it before Update-with-Start.
-    batch_id = layout.new_batch_id()
-    await store.insert_batch(
+    batch_id = api_layout.new_batch_id()
+    await api_records.insert_batch(
         api_pool,
         batch_id=batch_id,
         project=project,

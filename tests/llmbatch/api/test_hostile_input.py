@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from llmbatch.api import layout
-from llmbatch.storage import S3Store
+from llmbatch.ledger import api_layout
+from llmbatch.storage.s3 import S3Store
 from tests.fixtures.api_server import API_LIMITS, ApiServer, Keys
 from tests.llmbatch.api.helpers import batch_file, jsonl, until
 
@@ -29,7 +29,7 @@ def api_objects(server: ApiServer) -> set[str]:
     s3 = S3Store(server.settings).client
     keys: set[str] = set()
     pages = s3.get_paginator("list_objects_v2").paginate(
-        Bucket=server.settings.s3_bucket, Prefix=f"{layout.API_PREFIX}/files/"
+        Bucket=server.settings.s3_bucket, Prefix=f"{api_layout.API_PREFIX}/files/"
     )
     for p in pages:
         keys.update(o["Key"] for o in p.get("Contents", []))
@@ -178,7 +178,7 @@ async def test_a_server_killed_mid_upload_leaves_no_multipart_upload_for_ever(
     bucket = api_server.settings.s3_bucket
 
     def open_uploads() -> list[str]:
-        found = s3.list_multipart_uploads(Bucket=bucket, Prefix=f"{layout.API_PREFIX}/files/")
+        found = s3.list_multipart_uploads(Bucket=bucket, Prefix=f"{api_layout.API_PREFIX}/files/")
         return [u["UploadId"] for u in found.get("Uploads", [])]
 
     held = asyncio.Event()
