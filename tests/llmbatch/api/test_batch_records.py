@@ -7,17 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import openai
 import pytest
 
-from llmbatch.ledger import api_layout, api_records
+from llmbatch.ledger import api_layout
 from tests.fixtures.api_server import API_LIMITS, ApiServer, Keys
 from tests.fixtures.tcp_proxy import TcpProxy
-from tests.llmbatch.api.helpers import batch_file
+from tests.llmbatch.api.helpers import batch_file, record_unstarted_batch
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -112,18 +111,8 @@ async def test_cancelling_a_batch_without_a_workflow_ends_it(
     f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
     # A record whose workflow never started, as a server that died between writing it
     # and starting the workflow left it before Update-with-Start.
-    batch_id = api_layout.new_batch_id()
-    await api_records.insert_batch(
-        api_pool,
-        batch_id=batch_id,
-        project=project,
-        input_file_id=f.id,
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-        window=timedelta(hours=24),
-        model=served_model,
-        metadata=None,
-        max_in_progress=10,
+    batch_id = await record_unstarted_batch(
+        api_pool, project=project, input_file_id=f.id, model=served_model
     )
     cancelled = await client.batches.cancel(batch_id)
     assert cancelled.status == "cancelled"
