@@ -146,7 +146,6 @@ FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
         "An API batch's workflow ended before running because its record was not written: "
         "it was started without the `create_api_batch` update (not by `llm-batch serve`), "
         "or the record was refused.",
-        "Create batches through `POST /v1/batches`; the message says why the record was "
-        "refused.",
+        "Create batches through `POST /v1/batches`; the message says why the record was refused.",
     ),
 }
