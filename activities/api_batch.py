@@ -1,5 +1,6 @@
-"""set_api_batch_status and finish_api_batch: an OpenAI Batch API batch's status, and
-its end as one output file and one error file registered as API files."""
+"""record_api_batch, set_api_batch_status and finish_api_batch: an OpenAI Batch API
+batch's record, its status, and its end as one output file and one error file
+registered as API files."""
 
 from __future__ import annotations
 
@@ -9,22 +10,25 @@ import json
 import tempfile
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
 from llmbatch import formats, ledger
 from llmbatch.contract.messages import (
     ApiBatchEndInput,
     ApiBatchFiles,
+    ApiBatchRecordInput,
     ApiBatchStatusInput,
     TokenCounts,
 )
-from llmbatch.contract.names import FINISH_API_BATCH, SET_API_BATCH_STATUS
+from llmbatch.contract.names import FINISH_API_BATCH, RECORD_API_BATCH, SET_API_BATCH_STATUS
 from llmbatch.contract.spec import ApiEndpoint, JobSpec
-from llmbatch.contract.states import BatchStatus, ErrorClass, ItemStatus
+from llmbatch.contract.states import BatchStatus, ErrorClass, FailureType, ItemStatus
 from llmbatch.formats import openai_batch
 from llmbatch.formats.vectors import read_vectors
 from llmbatch.ledger import api_layout, api_records
@@ -43,6 +47,30 @@ _UNFINISHED: dict[BatchStatus, ErrorClass] = {
 class ApiBatchActivities:
     def __init__(self, ctx: ActivityContext) -> None:
         self._ctx = ctx
+
+    @activity.defn(name=RECORD_API_BATCH)
+    async def record_api_batch(self, input: ApiBatchRecordInput) -> None:
+        """Write the batch's record (``validating``), once; refused for good
+        (``TooManyBatches``) when its project has its limit of unfinished batches."""
+        try:
+            await api_records.insert_batch(
+                self._ctx.pool,
+                batch_id=input.batch_id,
+                project=input.project,
+                input_file_id=input.input_file_id,
+                endpoint=input.endpoint,
+                completion_window=input.completion_window,
+                window=timedelta(seconds=input.window_s),
+                model=input.model,
+                metadata=input.metadata,
+                max_in_progress=input.max_in_progress,
+            )
+        except api_records.TooManyBatches:
+            raise ApplicationError(
+                f"project has {input.max_in_progress} batches in progress",
+                type=FailureType.TOO_MANY_BATCHES,
+                non_retryable=True,
+            ) from None
 
     @activity.defn(name=SET_API_BATCH_STATUS)
     async def set_api_batch_status(self, input: ApiBatchStatusInput) -> bool:

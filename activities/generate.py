@@ -165,7 +165,7 @@ class GenerateActivities:
             and weights is not None
             and (spec.cache if spec.cache is not None else self._ctx.settings.cache)
         ):
-            groups = await from_cache(self._ctx, recorder, groups, weights)
+            groups = await from_cache(self._ctx, recorder, groups)
         return groups
 
     def _engine_span(self, input: ShardInput, *, requests: int) -> Span:

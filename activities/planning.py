@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import datetime
 
 from temporalio import activity
@@ -54,10 +55,7 @@ class PlanningActivities:
             ) from exc
         except planning.InvalidJobSpec as exc:
             if spec.api_batch is not None:
-                await self._fail_api_batch(
-                    spec,
-                    [openai_batch.BatchError(code=openai_batch.INVALID_REQUEST, message=str(exc))],
-                )
+                await self._fail_api_batch(spec, [_batch_error(exc)])
             raise ApplicationError(
                 str(exc), type=FailureType.INVALID_JOB_SPEC, non_retryable=True
             ) from exc
@@ -235,3 +233,20 @@ class PlanningActivities:
             prompt_tokens=counts.prompt_tokens,
             completion_tokens=counts.completion_tokens,
         )
+
+
+# An object URI in a message: what the caller of an API batch must not see (the
+# server's bucket and layout), and cannot use.
+_OBJECT_URI = re.compile(r"\b(?:s3|file)://\S+?(?=[:\s,;)]|$)")
+
+
+def _batch_error(exc: planning.InvalidJobSpec) -> openai_batch.BatchError:
+    """A refused API batch's ``errors.data`` entry: the line and its code when one line
+    is the cause, and no internal object URI either way."""
+    if isinstance(exc, planning.InvalidLine):
+        return openai_batch.BatchError(
+            code=exc.code, message=exc.detail, param=exc.param, line=exc.line
+        )
+    return openai_batch.BatchError(
+        code=openai_batch.INVALID_REQUEST, message=_OBJECT_URI.sub("the input file", str(exc))
+    )

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
         "(JobSpec.cache unset) from earlier jobs' results for the same model weights. Read by "
         "GPU workers; `submit --cache/--no-cache` decides per job.",
     )
+    cache_shared_across_tenants: bool = Field(
+        default=False,
+        description="Let the result cache answer a job from another tenant's results (an "
+        "API project is its batches' tenant). Off: each tenant's results answer its own "
+        "jobs only, so no tenant gets, or can time, another's. Read by GPU workers.",
+    )
     gpu_hour_price: float | None = Field(
         default=None,
         ge=0,
@@ -222,6 +228,13 @@ class Settings(BaseSettings):
         ge=1,
         le=500,
         description="Shards of one API batch that run at once (a job's max_concurrent_shards).",
+    )
+    api_stale_upload_after: timedelta = Field(
+        default=timedelta(hours=6),
+        gt=timedelta(0),
+        description="An S3 multipart upload of `POST /v1/files` still open this long after "
+        "it began is aborted by `llm-batch serve` (a server killed mid-upload leaves one "
+        "that nothing completes); seconds or an ISO 8601 duration.",
     )
     api_upload_part_bytes: int = Field(
         default=8 << 20,

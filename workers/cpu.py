@@ -53,6 +53,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
             dead_letters.report_dead_letters,
             dead_letters.requeue_dead_letters,
             control.set_job_paused,
+            api_batch.record_api_batch,
             api_batch.set_api_batch_status,
             api_batch.finish_api_batch,
         ],

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.messages import (
         ApiBatchEndInput,
         ApiBatchFiles,
+        ApiBatchRecordInput,
         ApiBatchStatusInput,
         BatchJobInput,
         FinalizeInput,
@@ -37,12 +38,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from llmbatch.contract.names import (
         BATCH_JOB_WORKFLOW,
+        CREATE_API_BATCH_UPDATE,
         FINALIZE_JOB,
         FINISH_API_BATCH,
         JOB_FINISHED_SIGNAL,
         PAUSE_UPDATE,
         PLAN_JOB,
         PROGRESS_QUERY,
+        RECORD_API_BATCH,
         RECORD_JOB_END,
         RESUME_UPDATE,
         SET_API_BATCH_STATUS,
@@ -58,6 +61,10 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.states import BatchStatus, FailureType, JobState
 
 from workflows import options
+
+# How long an API batch's workflow waits for its record (create_api_batch comes with
+# the start, in its first task): a start without it ends rather than waiting for ever.
+RECORD_WAIT = timedelta(minutes=10)
 
 
 @workflow.defn(name=BATCH_JOB_WORKFLOW)
@@ -94,6 +101,10 @@ class BatchJobWorkflow:
         self._expiry_timer: asyncio.Task[None] | None = None
         # Pause and resume calls apply one at a time, in the order they came.
         self._control = asyncio.Lock()
+        # An API batch's record: None until create_api_batch has answered, then
+        # whether it was written (False: refused, the job ends without running).
+        self._recorded: bool | None = None
+        self._record_refusal = ""
 
     @property
     def _progress(self) -> JobProgress:
@@ -128,6 +139,62 @@ class BatchJobWorkflow:
     def _validate_resume(self) -> None:
         self._check_controllable("resume")
 
+    @workflow.update(name=CREATE_API_BATCH_UPDATE)
+    async def create_api_batch(self, record: ApiBatchRecordInput) -> None:
+        """Write the API batch's record; the API server sends this with the workflow's
+        start (Update-with-Start), so a record never exists without its workflow, and
+        the server answers only once it does."""
+        if self._recorded:
+            return  # a retried call: the record is there
+        try:
+            await workflow.execute_activity(
+                RECORD_API_BATCH, record, **options.ledger_step(summary="record the batch")
+            )
+        except FailureError as err:
+            cause = err.cause
+            kind: str = FailureType.BATCH_NOT_RECORDED
+            if isinstance(cause, ApplicationError):
+                self._record_refusal, kind = cause.message, cause.type or kind
+            else:
+                self._record_refusal = str(err)
+            self._recorded = False
+            raise ApplicationError(self._record_refusal, type=kind, non_retryable=True) from err
+        self._recorded = True
+
+    @create_api_batch.validator
+    def _validate_create_api_batch(self, record: ApiBatchRecordInput) -> None:
+        if self._spec.api_batch is None or record.batch_id != self._spec.job_id:
+            raise ApplicationError(
+                "create_api_batch is for the API batch this workflow runs",
+                type=FailureType.BATCH_NOT_RECORDED,
+            )
+
+    async def _await_record(self) -> None:
+        """An API batch runs only once its record is written (by create_api_batch,
+        which comes with the start); a start without it, or a refused record, ends the
+        job here, before anything ran."""
+        if self._spec.api_batch is None or self._state.plan is not None:
+            return
+        # Histories of batches whose server wrote the record itself replay without it.
+        if not workflow.patched(RECORD_API_BATCH):
+            return
+        try:
+            await workflow.wait_condition(
+                lambda: self._recorded is not None, timeout=RECORD_WAIT, timeout_summary="record"
+            )
+        except TimeoutError:
+            raise ApplicationError(
+                "an API batch's workflow was started without its record",
+                type=FailureType.BATCH_NOT_RECORDED,
+                non_retryable=True,
+            ) from None
+        if not self._recorded:
+            raise ApplicationError(
+                f"batch not recorded: {self._record_refusal}",
+                type=FailureType.BATCH_NOT_RECORDED,
+                non_retryable=True,
+            )
+
     # --- the job, step by step ----------------------------------------------------------
 
     @workflow.run
@@ -138,6 +205,7 @@ class BatchJobWorkflow:
             )
         _check_job_id(self._spec.job_id)
         self._name_for_web_ui()
+        await self._await_record()
         if self._progress.started_at is None:
             self._progress.started_at = workflow.now().isoformat()
         try:

@@ -7,15 +7,16 @@ id), so any number of replicas answer for any batch, and a restart loses nothing
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from llmbatch import ledger
-from llmbatch.api import batches, files, models
+from llmbatch.api import batches, files, models, stale_uploads
 from llmbatch.api.deps import Services
-from llmbatch.api.errors import install_handlers
+from llmbatch.api.errors import BACKEND_TIMEOUT_S, install_handlers, refuse_nul
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.storage.s3 import S3Store
@@ -27,7 +28,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
+        # A request answers 503 within seconds when Postgres is away (errors.py),
+        # rather than waiting on a connection or a statement for ever.
+        pool = await ledger.db.create_pool(
+            settings.postgres_dsn.get_secret_value(),
+            connect_timeout_s=BACKEND_TIMEOUT_S,
+            command_timeout_s=BACKEND_TIMEOUT_S,
+        )
         try:
             temporal = await connect(settings)
             app.state.services = Services(
@@ -35,7 +42,17 @@ def create_app(settings: Settings) -> FastAPI:
             )
             # Read by auth.project_of, which needs only the pool.
             app.state.pool = pool
-            yield
+            sweeper = asyncio.create_task(
+                stale_uploads.sweep_forever(
+                    app.state.services.store.client,
+                    bucket=settings.s3_bucket,
+                    older_than=settings.api_stale_upload_after,
+                )
+            )
+            try:
+                yield
+            finally:
+                sweeper.cancel()
         finally:
             await pool.close()
 
@@ -47,7 +64,6 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     install_handlers(app)
-    app.include_router(files.router, prefix="/v1")
-    app.include_router(batches.router, prefix="/v1")
-    app.include_router(models.router, prefix="/v1")
+    for router in (files.router, batches.router, models.router):
+        app.include_router(router, prefix="/v1", dependencies=[Depends(refuse_nul)])
     return app

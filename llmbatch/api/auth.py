@@ -51,7 +51,16 @@ def _unauthorized(message: str) -> ApiError:
 
 async def project_of(request: Request) -> str:
     """The caller's project (a FastAPI dependency); 401 without a live key."""
-    header = request.headers.get("authorization", "")
+    headers = request.headers.getlist("authorization")
+    if len(headers) > 1:
+        # Which one would a proxy or another server take? Neither is guessed.
+        raise ApiError(
+            400,
+            "Send one Authorization header; this request has several.",
+            param="Authorization",
+            code="invalid_request",
+        )
+    header = headers[0] if headers else ""
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise _unauthorized(

@@ -8,17 +8,19 @@ import asyncio
 import json
 import logging
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import ledger
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
-from llmbatch.api.errors import ApiError, ErrorType, not_found
+from llmbatch.api.errors import BACKEND_TIMEOUT_S, ApiError, ErrorType, not_found
 from llmbatch.api.objects import (
     Batch,
     BatchError,
@@ -28,9 +30,11 @@ from llmbatch.api.objects import (
     CursorPage,
     page,
 )
-from llmbatch.client.temporal import model_has_worker, start_job
+from llmbatch.client.temporal import model_has_worker, start_api_batch
+from llmbatch.contract.messages import ApiBatchRecordInput
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
-from llmbatch.contract.states import BatchStatus
+from llmbatch.contract.states import BatchStatus, FailureType
+from llmbatch.formats import openai_batch
 from llmbatch.ledger import api_layout, api_records
 from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
 
@@ -42,9 +46,12 @@ Svc = Annotated[Services, Depends(services)]
 
 # OpenAI takes "24h" only. Shorter windows ("90s", "10m", "2h") are an extension, so a
 # caller (or a test) can see a batch expire; longer ones are refused as OpenAI does.
-_WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")
+_WINDOW = re.compile(r"([1-9][0-9]{0,5})([smh])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 MAX_WINDOW = timedelta(hours=24)
+# How long a create waits for the batch's workflow to write its record (a CPU worker
+# takes it in its first task; longer only when none is polling).
+CREATE_WAIT_S = 30.0
 # The model is read from the first lines of the input: at most this much of it.
 MODEL_SCAN_BYTES = 1 << 20
 # OpenAI's metadata limits.
@@ -71,11 +78,20 @@ class CreateBatch(BaseModel):
         window_of(value)
         return value
 
+    @field_validator("input_file_id")
+    @classmethod
+    def _file_id(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("holds a NUL")
+        return value
+
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         if value is None:
             return None
+        if any("\x00" in text for pair in value.items() for text in pair):
+            raise ValueError("keys and values may not hold a NUL")
         if len(value) > METADATA_PAIRS:
             raise ValueError(f"at most {METADATA_PAIRS} key-value pairs")
         for key, item in value.items():
@@ -88,7 +104,8 @@ class CreateBatch(BaseModel):
 
 def window_of(completion_window: str) -> timedelta:
     """The completion window as a duration: ``24h``, or an ``<n>s|m|h`` up to 24h."""
-    match = _WINDOW.match(completion_window)
+    # fullmatch: "$" would let a trailing newline through ("24h\n").
+    match = _WINDOW.fullmatch(completion_window)
     window = timedelta(seconds=int(match[1]) * _UNIT_S[match[2]]) if match is not None else None
     if window is None or window > MAX_WINDOW:
         raise ValueError("completion_window must be '24h' (or a shorter '<n>s', '<n>m', '<n>h')")
@@ -184,6 +201,21 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         )
     head = await asyncio.to_thread(svc.store.read_range, source.object_uri, 0, MODEL_SCAN_BYTES)
     model = model_of(head, whole=source.bytes <= MODEL_SCAN_BYTES)
+    if model is None and not head.strip():
+        raise ApiError(
+            400,
+            "The batch input file is empty.",
+            param="input_file_id",
+            code=openai_batch.EMPTY_FILE,
+        )
+    if model is None and source.bytes > MODEL_SCAN_BYTES and b"\n" not in head:
+        # Validation would refuse it too: a line is at most a job's max_row_bytes.
+        raise ApiError(
+            400,
+            f"Line 1 is longer than the limit of {MODEL_SCAN_BYTES} bytes.",
+            param="input_file_id",
+            code=openai_batch.LINE_TOO_LARGE,
+        )
     if model is None:
         raise ApiError(
             400,
@@ -191,7 +223,13 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="input_file_id",
             code="missing_model",
         )
-    if not await model_has_worker(svc.temporal, settings, model, task=body.endpoint.task):
+    if not await model_has_worker(
+        svc.temporal,
+        settings,
+        model,
+        task=body.endpoint.task,
+        rpc_timeout=timedelta(seconds=BACKEND_TIMEOUT_S),
+    ):
         raise ApiError(
             400,
             f"No worker serves model {model!r}: start a GPU worker for it "
@@ -202,28 +240,6 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         )
     batch_id = api_layout.new_batch_id()
     window = window_of(body.completion_window)
-    try:
-        row = await api_records.insert_batch(
-            svc.pool,
-            batch_id=batch_id,
-            project=project,
-            input_file_id=source.file_id,
-            endpoint=body.endpoint,
-            completion_window=body.completion_window,
-            window=window,
-            model=model,
-            metadata=body.metadata,
-            max_in_progress=settings.api_max_batches_in_progress,
-        )
-    except api_records.TooManyBatches:
-        raise ApiError(
-            429,
-            f"This project has {settings.api_max_batches_in_progress} batches in progress, "
-            "the most it may have (LLMBATCH_API_MAX_BATCHES_IN_PROGRESS); wait for one to "
-            "finish.",
-            type=ErrorType.RATE_LIMIT,
-            code="too_many_batches_in_progress",
-        ) from None
     spec = JobSpec(
         job_id=batch_id,
         inputs=[source.object_uri],
@@ -241,20 +257,70 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             completion_window_s=int(window.total_seconds()),
         ),
     )
+    record = ApiBatchRecordInput(
+        batch_id=batch_id,
+        project=project,
+        input_file_id=source.file_id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        window_s=int(window.total_seconds()),
+        model=model,
+        metadata=body.metadata,
+        max_in_progress=settings.api_max_batches_in_progress,
+    )
+    # The workflow writes the record (Update-with-Start): a server that dies anywhere
+    # in here leaves either nothing or a batch whose workflow ends it.
     try:
-        await start_job(svc.temporal, spec, settings=settings)
-    except Exception as exc:
-        log.exception("starting batch %s failed", batch_id)
-        await set_batch_status(
-            svc.pool,
-            batch_id=batch_id,
-            status=BatchStatus.FAILED,
-            errors=[{"code": "start_failed", "message": "The batch could not be started."}],
+        await asyncio.wait_for(
+            start_api_batch(svc.temporal, spec, record, settings=settings), CREATE_WAIT_S
         )
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == FailureType.TOO_MANY_BATCHES:
+            raise ApiError(
+                429,
+                f"This project has {settings.api_max_batches_in_progress} batches in "
+                "progress, the most it may have (LLMBATCH_API_MAX_BATCHES_IN_PROGRESS); "
+                "wait for one to finish.",
+                type=ErrorType.RATE_LIMIT,
+                code="too_many_batches_in_progress",
+            ) from None
+        log.error("batch %s not recorded: %s", batch_id, cause)
         raise ApiError(
-            500, "The batch could not be started; try again.", type=ErrorType.SERVER
+            500, "The batch could not be created; try again.", type=ErrorType.SERVER
         ) from exc
-    return await _with_counts(svc, row)
+    except TimeoutError:
+        # Temporal has the workflow, which writes the record once a CPU worker takes
+        # it: answer with the batch as it will be (validating), not an error that
+        # would make the caller create it twice.
+        log.warning("batch %s: its record not written within %s s", batch_id, CREATE_WAIT_S)
+        now = datetime.now(UTC)
+        return await _with_counts(
+            svc,
+            api_records.BatchRow(
+                batch_id=batch_id,
+                project=project,
+                input_file_id=source.file_id,
+                endpoint=body.endpoint,
+                completion_window=body.completion_window,
+                model=model,
+                metadata=body.metadata,
+                status=BatchStatus.VALIDATING,
+                errors=None,
+                output_file_id=None,
+                error_file_id=None,
+                created_at=now,
+                expires_at=now + window,
+                in_progress_at=None,
+                finalizing_at=None,
+                completed_at=None,
+                failed_at=None,
+                expired_at=None,
+                cancelling_at=None,
+                cancelled_at=None,
+            ),
+        )
+    return await _with_counts(svc, await _batch(svc, project, batch_id))
 
 
 async def _batch(svc: Services, project: str, batch_id: str) -> api_records.BatchRow:
@@ -302,4 +368,8 @@ async def cancel_batch(batch_id: str, project: Project, svc: Svc) -> Batch:
     except RPCError as exc:
         if exc.status != RPCStatusCode.NOT_FOUND:
             raise
+        # No workflow runs it (a record left by a server of before Update-with-Start,
+        # or a workflow that ended without its record's end): nothing else will end it.
+        log.warning("batch %s has no running workflow: cancelled here", batch_id)
+        await set_batch_status(svc.pool, batch_id=batch_id, status=BatchStatus.CANCELLED)
     return await _with_counts(svc, await _batch(svc, project, batch_id))

@@ -67,16 +67,21 @@ async def upload_file(request: Request, project: Project, svc: Svc) -> FileObjec
     except BaseException:
         await writer.abort()
         raise
-    row = await api_records.insert_file(
-        svc.pool,
-        file_id=file_id,
-        project=project,
-        purpose="batch",
-        filename=uploaded.filename,
-        size=uploaded.size,
-        object_uri=uri,
-        lines=uploaded.lines,
-    )
+    try:
+        row = await api_records.insert_file(
+            svc.pool,
+            file_id=file_id,
+            project=project,
+            purpose="batch",
+            filename=uploaded.filename,
+            size=uploaded.size,
+            object_uri=uri,
+            lines=uploaded.lines,
+        )
+    except BaseException:
+        # No record, no object: a failed upload leaves nothing behind.
+        await asyncio.to_thread(svc.store.client.delete_object, Bucket=bucket, Key=key)
+        raise
     return file_object(row)
 
 

@@ -4,29 +4,40 @@ with their task."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
-from llmbatch.api.errors import not_found
+from llmbatch.api.errors import BACKEND_TIMEOUT_S, not_found
 from llmbatch.api.objects import Model, ModelList
 from llmbatch.client.temporal import queue_has_pollers
 from llmbatch.ledger.served_models import served_models
 
 router = APIRouter()
+_TIMEOUT = timedelta(seconds=BACKEND_TIMEOUT_S)
 
 
 async def _live_models(svc: Services) -> list[Model]:
-    """Every model whose queue a worker polls now (workers record the model behind
-    their hashed queue name in Postgres; Temporal says who polls)."""
+    """Every model whose queue a worker polls now, once, with the tasks its live
+    workers run (workers record the model behind their hashed queue name in Postgres;
+    Temporal says who polls)."""
     rows = await served_models(svc.pool)
-    polled = await asyncio.gather(*(queue_has_pollers(svc.temporal, r.task_queue) for r in rows))
+    polled = await asyncio.gather(
+        *(queue_has_pollers(svc.temporal, r.task_queue, rpc_timeout=_TIMEOUT) for r in rows)
+    )
+    tasks: dict[str, set[str]] = {}
+    created: dict[str, int] = {}
+    for row, live in zip(rows, polled, strict=True):
+        if live:
+            tasks.setdefault(row.model, set()).add(str(row.task))
+            first = int(row.first_seen.timestamp())
+            created[row.model] = min(created.get(row.model, first), first)
     return [
-        Model(id=r.model, created=int(r.first_seen.timestamp()), task=r.task)
-        for r, live in zip(rows, polled, strict=True)
-        if live
+        Model(id=model, created=created[model], tasks=sorted(ts), task=sorted(ts)[0])
+        for model, ts in tasks.items()
     ]
 
 
@@ -35,7 +46,7 @@ async def list_models(
     project: Annotated[str, Depends(project_of)],
     svc: Annotated[Services, Depends(services)],
 ) -> ModelList:
-    """One entry per model and task that live workers serve."""
+    """One entry per model that live workers serve, with their tasks."""
     return ModelList(data=await _live_models(svc))
 
 

@@ -92,8 +92,9 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     owned_by: str = "llm-batch"
     shutdown_date: str | None = None
-    # Not in OpenAI's type (its client keeps unknown fields): what the model's workers
-    # run, e.g. "generate".
+    # Not in OpenAI's type (its client keeps unknown fields): what the model's live
+    # workers run, e.g. ["embed", "generate"], and the first of them (as before).
+    tasks: list[str]
     task: str
 
 

@@ -117,6 +117,8 @@ class _Form:
     newlines: int = 0
     last_byte: int | None = None
     error: ApiError | None = None
+    # Set by the parser at the closing boundary: a body without it was cut short.
+    ended: bool = False
     _header_name: bytearray = field(default_factory=bytearray)
     _header_value: bytearray = field(default_factory=bytearray)
     _part: str | None = None
@@ -130,7 +132,11 @@ class _Form:
             "on_header_value": lambda d, s, e: self._header_value.extend(d[s:e]),
             "on_header_end": self._header_end,
             "on_part_data": self._data,
+            "on_end": self._end,
         }
+
+    def _end(self) -> None:
+        self.ended = True
 
     def _begin(self) -> None:
         self._part, self._in_file = None, False
@@ -150,6 +156,17 @@ class _Form:
             if self._files > 1:
                 self._fail(ApiError(400, "Send one file per upload.", param=FILE_FIELD))
             raw = params.get(b"filename", b"upload.jsonl").decode("utf-8", "replace")
+            if any(ord(c) < 0x20 or c == "\x7f" for c in raw):
+                # Postgres text holds no NUL, and a name is a label: refused before a
+                # byte of the file is stored.
+                self._fail(
+                    ApiError(
+                        400,
+                        "The file name may not contain NUL or other control characters.",
+                        param=FILE_FIELD,
+                        code="invalid_value",
+                    )
+                )
             # Only the last path segment, as browsers send: the name is a label.
             self.filename = raw.replace("\\", "/").rsplit("/", 1)[-1][:_MAX_FILENAME_CHARS]
         else:
@@ -214,6 +231,15 @@ async def receive(
             raise ApiError(400, f"The multipart body is malformed: {exc}") from None
         if form.error is not None:
             raise form.error
+        if not form.ended:
+            # A client or proxy that stopped mid-body: what came is not the whole file.
+            raise ApiError(
+                400,
+                "The multipart body ends before its closing boundary: the upload is "
+                "incomplete, and nothing was stored. Send the whole file again.",
+                param=FILE_FIELD,
+                code="incomplete_upload",
+            )
         if form.filename is None:
             raise ApiError(400, "Missing required parameter: 'file'.", param=FILE_FIELD)
         fields = {k: v.decode("utf-8", "replace") for k, v in form.fields.items()}

@@ -38,7 +38,7 @@ def codec_server(
     --codec-endpoint URL --codec-auth "Bearer KEY"`."""
     import uvicorn
 
-    from llmbatch.security.codec import KeyringError, load_keyring
+    from llmbatch.security.codec import KeyringError, load_keyring, state_keyring_path
     from llmbatch.security.codec_server import codec_app
 
     settings = Settings()
@@ -64,7 +64,16 @@ def codec_server(
         raise fail(
             "the codec server needs an API key: LLMBATCH_CODEC_SERVER_API_KEY or --api-key-file"
         )
-    app = codec_app(keyring=keyring, api_key=api_key, ui_origins=ui_origin or [settings.web_ui_url])
+    # A keyring read from a file follows it (`codec-key rotate` writes there).
+    keyring_file = None
+    if settings.codec_keys is None:
+        keyring_file = settings.codec_keys_file or state_keyring_path(settings)
+    app = codec_app(
+        keyring=keyring,
+        api_key=api_key,
+        ui_origins=ui_origin or [settings.web_ui_url],
+        keyring_file=keyring_file,
+    )
     # Access logs would print the Web UI's endpoint path, which may hold the key.
     uvicorn.run(
         app,
@@ -87,7 +96,8 @@ def rotate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the key ids as JSON.")] = False,
 ) -> None:
     """Add a new random key and make it current: new payloads use it, older ones still
-    decrypt with the keys kept. Processes read the keyring when they start."""
+    decrypt with the keys kept. Workers read the keyring when they start (restart
+    them); a running codec server reading this file follows it at once."""
     from llmbatch.security.codec import (
         KeyringError,
         new_keyring,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -23,8 +24,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from llmbatch import telemetry
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
-from llmbatch.contract.messages import BatchJobInput, JobSummary
-from llmbatch.contract.names import BATCH_JOB_WORKFLOW
+from llmbatch.contract.messages import ApiBatchRecordInput, BatchJobInput, JobSummary
+from llmbatch.contract.names import BATCH_JOB_WORKFLOW, CREATE_API_BATCH_UPDATE
 from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.security.codec import EncryptionCodec, Keyring, KeyringError, load_keyring
@@ -118,17 +119,7 @@ async def start_job(
         raise ValueError("start_job needs a spec with a job id")
     try:
         handle = await client.start_workflow(
-            BATCH_JOB_WORKFLOW,
-            BatchJobInput(spec=spec),
-            id=spec.job_id,
-            task_queue=settings.cpu_task_queue,
-            result_type=JobSummary,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=job_search_attributes(spec),
-            static_summary=f"{spec.job_id}: {spec.model} over {', '.join(spec.inputs)[:200]}",
-            # The job's own workflow tasks; its shards and steps are given it too.
-            priority=task_priority(spec),
+            BATCH_JOB_WORKFLOW, BatchJobInput(spec=spec), **_start_options(spec, settings)
         )
     except WorkflowAlreadyStartedError:
         return client.get_workflow_handle(spec.job_id, result_type=JobSummary), False
@@ -136,6 +127,38 @@ async def start_job(
     # running job; the SDK keeps that answer on the handle but has no public accessor.
     response = getattr(handle, "_start_workflow_response", None)
     return handle, bool(getattr(response, "started", True))
+
+
+def _start_options(spec: JobSpec, settings: Settings) -> dict[str, Any]:
+    """How every job's workflow starts (start_job and start_api_batch alike)."""
+    return {
+        "id": spec.job_id,
+        "task_queue": settings.cpu_task_queue,
+        "result_type": JobSummary,
+        "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
+        "search_attributes": job_search_attributes(spec),
+        "static_summary": f"{spec.job_id}: {spec.model} over {', '.join(spec.inputs)[:200]}",
+        # The job's own workflow tasks; its shards and steps are given it too.
+        "priority": task_priority(spec),
+    }
+
+
+async def start_api_batch(
+    client: Client, spec: JobSpec, record: ApiBatchRecordInput, *, settings: Settings
+) -> None:
+    """Start an OpenAI Batch API batch's job and have its workflow write the batch's
+    record, in one Update-with-Start: Temporal starts the workflow and delivers the
+    ``create_api_batch`` update in its first task, so the record exists only with a
+    workflow that will end it. Returns once the record is written; raises
+    ``WorkflowUpdateFailedError`` when it was refused (its cause says why)."""
+    await client.execute_update_with_start_workflow(
+        CREATE_API_BATCH_UPDATE,
+        record,
+        start_workflow_operation=WithStartWorkflowOperation(
+            BATCH_JOB_WORKFLOW, BatchJobInput(spec=spec), **_start_options(spec, settings)
+        ),
+    )
 
 
 def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
@@ -152,7 +175,12 @@ def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
 
 
 async def model_has_worker(
-    client: Client, settings: Settings, model: str, *, task: Task = Task.GENERATE
+    client: Client,
+    settings: Settings,
+    model: str,
+    *,
+    task: Task = Task.GENERATE,
+    rpc_timeout: timedelta | None = None,
 ) -> bool:
     """Whether a GPU worker polls ``model``'s queue for ``task`` (Temporal's
     DescribeTaskQueue).
@@ -160,17 +188,23 @@ async def model_has_worker(
     Temporal lists a poller for a few minutes after its last poll, so a worker that
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
     """
-    return await queue_has_pollers(client, settings.gpu_task_queue(model, task))
+    return await queue_has_pollers(
+        client, settings.gpu_task_queue(model, task), rpc_timeout=rpc_timeout
+    )
 
 
-async def queue_has_pollers(client: Client, task_queue: str) -> bool:
-    """Whether a worker polls ``task_queue`` for activities (see :func:`model_has_worker`)."""
+async def queue_has_pollers(
+    client: Client, task_queue: str, *, rpc_timeout: timedelta | None = None
+) -> bool:
+    """Whether a worker polls ``task_queue`` for activities (see :func:`model_has_worker`);
+    ``rpc_timeout`` bounds the call (an RPCError DEADLINE_EXCEEDED past it)."""
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
             task_queue=TaskQueue(name=task_queue),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-        )
+        ),
+        timeout=rpc_timeout,
     )
     return bool(response.pollers)
 

@@ -144,4 +144,15 @@ FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
         "Fix the table or the worker's database credentials (PGPASSWORD, a pgpass file), "
         "then re-drive with `--class ShardFailed`.",
     ),
+    FailureType.TOO_MANY_BATCHES: Explanation(
+        "An API batch's workflow was refused its record: its project already has "
+        "`LLMBATCH_API_MAX_BATCHES_IN_PROGRESS` unfinished batches (the API answered 429).",
+        "Wait for a batch of the project to finish, or raise the limit; nothing ran.",
+    ),
+    FailureType.BATCH_NOT_RECORDED: Explanation(
+        "An API batch's workflow ended before running because its record was not written: "
+        "it was started without the `create_api_batch` update (not by `llm-batch serve`), "
+        "or the record was refused.",
+        "Create batches through `POST /v1/batches`; the message says why the record was refused.",
+    ),
 }

@@ -251,6 +251,21 @@ class ApiBatchStatusInput(BaseModel):
     status: BatchStatus
 
 
+class ApiBatchRecordInput(BaseModel):
+    """Input of the ``create_api_batch`` update and the ``record_api_batch`` activity:
+    the OpenAI Batch API batch's record (``api_batches`` row) as its workflow writes it."""
+
+    batch_id: str
+    project: str
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    window_s: int
+    model: str
+    metadata: dict[str, str] | None = None
+    max_in_progress: int
+
+
 class ApiBatchEndInput(BaseModel):
     """Input of ``finish_api_batch``: how the batch ends (completed, expired or
     cancelled); requests not finished by then stop and go to the error file."""

@@ -32,6 +32,11 @@ RECORD_JOB_END = "record_job_end"
 # patch id of the workflow code that calls them.
 SET_API_BATCH_STATUS = "set_api_batch_status"
 FINISH_API_BATCH = "finish_api_batch"
+# The batch's record (api_batches row), written by its own workflow: the API server
+# starts the workflow and asks it for the record in one Update-with-Start, so no record
+# exists without a workflow that ends it. Also the patch id of the workflow code that
+# waits for it.
+RECORD_API_BATCH = "record_api_batch"
 FAIL_SHARD = "fail_shard"
 REPORT_DEAD_LETTERS = "report_dead_letters"
 REQUEUE_DEAD_LETTERS = "requeue_dead_letters"
@@ -41,6 +46,7 @@ SHARD_FINISHED_SIGNAL = "shard_finished"
 PROGRESS_QUERY = "progress"
 PAUSE_UPDATE = "pause"
 RESUME_UPDATE = "resume"
+CREATE_API_BATCH_UPDATE = "create_api_batch"
 
 # DeadLetterWorkflow's handlers.
 DEAD_LETTERS_SIGNAL = "dead_letters"

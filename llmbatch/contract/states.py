@@ -128,3 +128,7 @@ class FailureType(enum.StrEnum):
     WRONG_MODEL = "WrongModel"
     # A database table in or out failed in a way no retry cures (llmbatch.tables).
     TABLE_ERROR = "TableError"
+    # An API project already has its limit of unfinished batches.
+    TOO_MANY_BATCHES = "TooManyBatches"
+    # An API batch's workflow started without its record (no create_api_batch update).
+    BATCH_NOT_RECORDED = "BatchNotRecorded"

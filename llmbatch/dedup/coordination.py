@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from llmbatch.contract.spec import JobSpec, Task
 from llmbatch.contract.states import ResultSource
 from llmbatch.dedup import leads, result_cache
-from llmbatch.dedup.keys import cache_key, request_key
+from llmbatch.dedup.keys import request_key
 from llmbatch.formats.records import StagedRequest
 
 if TYPE_CHECKING:
@@ -77,31 +77,31 @@ def group_requests(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> 
     return groups
 
 
-async def from_cache(
-    ctx: RecordingContext, recorder: Recorder, groups: list[Group], weights: str
-) -> list[Group]:
-    """Answer the groups the result cache holds; return the others."""
+async def from_cache(ctx: RecordingContext, recorder: Recorder, groups: list[Group]) -> list[Group]:
+    """Answer the groups the result cache holds (the recorder's tenant's entries only,
+    see :func:`llmbatch.dedup.keys.cache_scope`); return the others."""
     keyed: dict[str, list[Group]] = {}
     for group in groups:
         if group.key is not None:
-            keyed.setdefault(cache_key(group.key, weights), []).append(group)
+            keyed.setdefault(recorder.cache_key(group.key), []).append(group)
     hits = await result_cache.lookup(
         ctx.pool,
         cache_keys=list(keyed),
         uses=[sum(len(g.items) for g in gs) for gs in keyed.values()],
     )
     job_id = recorder.job_id
+    # A hit of a cache shared across tenants may be another tenant's: never named.
+    anonymous = recorder.scope is None and recorder.tenant is not None
     rest: list[Group] = []
     for group in groups:
-        hit = hits.get(cache_key(group.key, weights)) if group.key is not None else None
+        hit = hits.get(recorder.cache_key(group.key)) if group.key is not None else None
         if hit is None:
             rest.append(group)
         elif hit.job_id == job_id:  # this job's own result: deduplicated, not cached
             recorder.share(group, hit, source=ResultSource.DEDUPLICATED, shared_with=hit.item_id)
         else:
-            recorder.share(
-                group, hit, source=ResultSource.CACHED, shared_with=f"{hit.job_id}/{hit.item_id}"
-            )
+            origin = "result_cache" if anonymous else f"{hit.job_id}/{hit.item_id}"
+            recorder.share(group, hit, source=ResultSource.CACHED, shared_with=origin)
     return rest
 
 

@@ -51,9 +51,19 @@ def request_key(
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def cache_key(request: str, weights: str) -> str:
-    """The result cache's key: a request key and the weights that answer it."""
-    return hashlib.sha256(f"{request}\n{weights}".encode()).hexdigest()
+def cache_key(request: str, weights: str, *, scope: str | None = None) -> str:
+    """The result cache's key: a request key, the weights that answer it, and the
+    tenant whose results it may answer from (:func:`cache_scope`; None: every job's)."""
+    what = f"{request}\n{weights}" if scope is None else f"{request}\n{weights}\n{scope}"
+    return hashlib.sha256(what.encode()).hexdigest()
+
+
+def cache_scope(tenant: str | None, *, shared: bool) -> str | None:
+    """Whose cached results a job of ``tenant`` may be answered from: its tenant's
+    only, so one tenant never gets (nor, by timing, learns of) another's results,
+    unless the operator shares the cache across tenants on purpose
+    (``LLMBATCH_CACHE_SHARED_ACROSS_TENANTS``). Jobs without a tenant share one scope."""
+    return None if shared or tenant is None else f"tenant:{tenant}"
 
 
 def weights_fingerprint(model: str, *, revision: str | None = None) -> str | None:

@@ -4,7 +4,8 @@
 ``vllm_engine`` the in-process vLLM engine and its run loop; ``requests`` the
 requests, results and sampling; ``errors`` the errors of starting an engine;
 ``options`` what an engine is started with and vLLM's argument parser; ``cpu`` vLLM
-on CPU (environment and memory sizing). A remote endpoint's engine lands beside
+on CPU (environment and memory sizing). ``parent_death`` makes the processes an engine
+starts die with its worker. A remote endpoint's engine lands beside
 ``vllm_engine``, behind the same interface.
 
 May import: ``llmbatch.contract``, ``llmbatch.telemetry``, ``llmbatch.dedup.keys`` (the

@@ -53,6 +53,7 @@ from llmbatch.engine.cpu import (
     scoped_environ,
 )
 from llmbatch.engine.options import EngineOptions
+from llmbatch.engine.parent_death import children_die_with_us
 from llmbatch.engine.requests import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -129,7 +130,8 @@ class Engine:
             if args.kv_cache_memory_bytes is not None
             else f"what a {args.gpu_memory_utilization:g} share of memory leaves",
         )
-        with scoped_environ(added):
+        # ... and die with it, even when it is SIGKILLed (see llmbatch.engine.parent_death).
+        with scoped_environ(added), children_die_with_us():
             llm = AsyncLLM.from_engine_args(args)
         # vLLM's own tokenizer: the prompt we count is exactly the prompt it runs.
         engine = cls(llm, llm.get_tokenizer(), options)

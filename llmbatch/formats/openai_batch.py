@@ -47,7 +47,14 @@ class UnsupportedParameter(InvalidRequest):
     """A body parameter llm-batch does not run. Dropping it would answer a different
     request than the one asked, so the line is refused; and since such a parameter
     comes from how the caller builds every request, planning refuses the whole job
-    when its first lines carry one."""
+    when its first lines carry one. ``param`` names it (``body.<name>``) and ``code``
+    is OpenAI's: ``unsupported_parameter``, or ``unsupported_value`` for a parameter
+    run only with some values."""
+
+    def __init__(self, message: str, *, param: str, code: str = "unsupported_parameter") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 # Body parameters mapped onto the request (see parse_request and _sampling).
@@ -199,7 +206,8 @@ def parse_embedding_request(
         if name not in EMBEDDING_PARAMETERS and body[name] is not None:
             raise UnsupportedParameter(
                 f"body.{name} is not supported; supported: "
-                + ", ".join(sorted(EMBEDDING_PARAMETERS))
+                + ", ".join(sorted(EMBEDDING_PARAMETERS)),
+                param=f"body.{name}",
             )
     raw = body.get("input")
     texts = [raw] if isinstance(raw, str) else raw
@@ -248,9 +256,14 @@ def _check_parameters(body: dict[str, Any], mapped: frozenset[str]) -> None:
         if value is None or (name in NO_OP_VALUES and value in NO_OP_VALUES[name]):
             continue
         if name in NO_OP_VALUES:
-            raise UnsupportedParameter(f"body.{name}={value!r} is not supported")
+            raise UnsupportedParameter(
+                f"body.{name}={value!r} is not supported",
+                param=f"body.{name}",
+                code="unsupported_value",
+            )
         raise UnsupportedParameter(
-            f"body.{name} is not supported; supported: {', '.join(sorted(mapped))}"
+            f"body.{name} is not supported; supported: {', '.join(sorted(mapped))}",
+            param=f"body.{name}",
         )
 
 

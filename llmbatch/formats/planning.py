@@ -22,6 +22,16 @@ class InvalidJobSpec(ValueError):
     """The job can never run as given; the message says why."""
 
 
+class InvalidLine(InvalidJobSpec):
+    """The job is refused for one line of its input: its 1-based ``line``, what is
+    wrong (``detail``), and an OpenAI-style ``code`` and ``param``, so an API batch's
+    error names the line and never the object it was read from."""
+
+    def __init__(self, uri: str, line: int, detail: str, *, code: str, param: str | None) -> None:
+        super().__init__(f"{uri} line {line}: {detail}")
+        self.line, self.detail, self.code, self.param = line, detail, code, param
+
+
 @dataclass(frozen=True)
 class InputsInfo:
     objects: list[storage.base.ObjectInfo]
@@ -189,7 +199,7 @@ def _check_request_sample(spec: JobSpec, obj: storage.base.ObjectInfo, store_for
                     request, defaults=spec.sampling, model=spec.model, endpoint=spec.endpoint
                 )
         except openai_batch.UnsupportedParameter as exc:
-            raise InvalidJobSpec(f"{obj.uri} line {line}: {exc}") from exc
+            raise InvalidLine(obj.uri, line, str(exc), code=exc.code, param=exc.param) from exc
         except openai_batch.WrongTask as exc:
             wrong_task.append(f"{obj.uri} line {line}: {exc}")
         except openai_batch.InvalidRequest:

@@ -22,7 +22,7 @@ from llmbatch.contract.names import model_identity
 from llmbatch.contract.states import FailureType, ItemStatus, ResultSource
 from llmbatch.dedup import result_cache
 from llmbatch.dedup.coordination import Group
-from llmbatch.dedup.keys import cache_key
+from llmbatch.dedup.keys import cache_key, cache_scope
 from llmbatch.engine.base import BatchEngine, EngineUsage
 from llmbatch.engine.requests import (
     EmbeddingRequest,
@@ -81,12 +81,20 @@ class Recorder:
         self._metric_attrs = telemetry.attrs(job_id=input.spec.job_id, model=input.spec.model)
         self._usage = usage
         self._weights = engine.weights if engine is not None else None
+        self.tenant = input.spec.tenant
+        self.scope = cache_scope(self.tenant, shared=ctx.settings.cache_shared_across_tenants)
         self._gpus = engine.gpus if engine is not None else 1
         self._usage_recorded = (0, 0.0)
 
     @property
     def job_id(self) -> str:
         return self._input.spec.job_id
+
+    def cache_key(self, request_key: str) -> str:
+        """The result cache's key of a request this attempt answers: its weights' and
+        its tenant's (see :func:`llmbatch.dedup.keys.cache_scope`)."""
+        assert self._weights is not None  # the cache is used only with known weights
+        return cache_key(request_key, self._weights, scope=self.scope)
 
     def submit(self, group: Group) -> GenerationRequest:
         """The engine request for ``group``'s first item."""
@@ -175,7 +183,7 @@ class Recorder:
         if group.key is not None and self._weights is not None:
             self._cache.append(
                 result_cache.NewEntry(
-                    cache_key=cache_key(group.key, self._weights),
+                    cache_key=self.cache_key(group.key),
                     result=stored,
                     prompt_tokens=result.prompt_tokens,
                     completion_tokens=result.completion_tokens,

@@ -326,10 +326,18 @@ async def insert_batch(
     already has ``max_in_progress`` unfinished ones.
 
     A transaction-scoped advisory lock per project makes count-then-insert one step
-    across every server replica.
+    across every server replica. A batch already recorded is returned as it is: its
+    workflow's activity writes it, and a retried activity must not count it twice.
     """
     async with transaction(db) as conn:
         await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 11))", project)
+        existing = await conn.fetchrow(
+            f"SELECT {_BATCH_COLUMNS} FROM api_batches WHERE batch_id = $1 AND project = $2",
+            batch_id,
+            project,
+        )
+        if existing is not None:
+            return _batch(existing)
         open_count = await conn.fetchval(
             "SELECT count(*) FROM api_batches WHERE project = $1 AND status <> ALL($2::text[])",
             project,

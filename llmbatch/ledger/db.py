@@ -38,10 +38,24 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """A pool whose connections read and write jsonb as Python objects."""
+async def create_pool(
+    dsn: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    connect_timeout_s: float = 60.0,
+    command_timeout_s: float | None = None,
+) -> asyncpg.Pool:
+    """A pool whose connections read and write jsonb as Python objects. The timeouts
+    bound a connection attempt and a statement (None: none), for callers that must
+    answer promptly when the database is away (the HTTP API)."""
     pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init_connection,
+        timeout=connect_timeout_s,
+        command_timeout=command_timeout_s,
     )
     assert pool is not None
     return pool

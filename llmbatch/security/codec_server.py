@@ -13,8 +13,10 @@ CORS lets the Web UI's origin (and only the origins given) call it from a browse
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -23,16 +25,63 @@ from fastapi.responses import JSONResponse
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
-from llmbatch.security.codec import DecryptError, EncryptionCodec, Keyring
+from llmbatch.security.codec import (
+    DecryptError,
+    EncryptionCodec,
+    Keyring,
+    KeyringError,
+    read_keyring_file,
+)
+
+log = logging.getLogger(__name__)
 
 BEARER = "Bearer "
 
 
-def codec_app(*, keyring: Keyring, api_key: str, ui_origins: Sequence[str]) -> FastAPI:
-    """The codec server's app: ``/encode`` and ``/decode`` behind ``api_key``."""
+class _Codecs:
+    """The codec of the keyring, read again from ``keyring_file`` whenever that file
+    changes: ``llm-batch codec-key rotate`` writes a new current key there, and the
+    server must decode what workers now encrypt with it, without a restart."""
+
+    def __init__(self, keyring: Keyring, keyring_file: Path | None) -> None:
+        self._file = keyring_file
+        self._stamp = self._stat()
+        self._codec = EncryptionCodec(keyring)
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self._file is None:
+            return None
+        try:
+            found = self._file.stat()
+        except OSError:
+            return None
+        return found.st_mtime_ns, found.st_size
+
+    def current(self) -> EncryptionCodec:
+        stamp = self._stat()
+        if stamp is not None and stamp != self._stamp and self._file is not None:
+            try:
+                self._codec = EncryptionCodec(read_keyring_file(self._file))
+            except KeyringError as exc:  # half-written or broken: keep the keys we have
+                log.warning("codec keyring %s not reloaded: %s", self._file, exc)
+            else:
+                self._stamp = stamp
+                log.warning("codec keyring reloaded from %s", self._file)
+        return self._codec
+
+
+def codec_app(
+    *,
+    keyring: Keyring,
+    api_key: str,
+    ui_origins: Sequence[str],
+    keyring_file: Path | None = None,
+) -> FastAPI:
+    """The codec server's app: ``/encode`` and ``/decode`` behind ``api_key``; with
+    ``keyring_file`` (where ``keyring`` was read from), its keys follow that file."""
     if not api_key:
         raise ValueError("the codec server needs an API key")
-    codec = EncryptionCodec(keyring)
+    codecs = _Codecs(keyring, keyring_file)
     app = FastAPI(title="llm-batch codec server", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(
         CORSMiddleware,
@@ -65,13 +114,13 @@ def codec_app(*, keyring: Keyring, api_key: str, ui_origins: Sequence[str]) -> F
     async def decode(request: Request, path_key: str | None = None) -> JSONResponse:
         authorize(request, path_key)
         try:
-            return answer(await codec.decode((await payloads_of(request)).payloads))
+            return answer(await codecs.current().decode((await payloads_of(request)).payloads))
         except DecryptError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from None
 
     async def encode(request: Request, path_key: str | None = None) -> JSONResponse:
         authorize(request, path_key)
-        return answer(await codec.encode((await payloads_of(request)).payloads))
+        return answer(await codecs.current().encode((await payloads_of(request)).payloads))
 
     app.add_api_route("/decode", decode, methods=["POST"])
     app.add_api_route("/encode", encode, methods=["POST"])

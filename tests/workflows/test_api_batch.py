@@ -17,9 +17,9 @@ from temporalio.exceptions import CancelledError
 from temporalio.worker import Replayer
 
 from llmbatch import ledger, storage
-from llmbatch.client.temporal import start_job
+from llmbatch.client.temporal import start_api_batch
 from llmbatch.config import Settings
-from llmbatch.contract.messages import JobControlState, JobSummary
+from llmbatch.contract.messages import ApiBatchRecordInput, JobControlState, JobSummary
 from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
@@ -82,8 +82,8 @@ async def start_batch(
     window_s: int = 24 * 3600,
     **spec: Any,
 ) -> WorkflowHandle[Any, JobSummary]:
-    """Upload ``data`` as an API file, insert its batch row, start the batch's job:
-    as the server does."""
+    """Upload ``data`` as an API file and start the batch's job, whose workflow writes
+    its batch row: as the server does."""
     file_id, batch_id = api_layout.new_file_id(), api_layout.new_batch_id()
     uri = api_layout.file_uri(settings.s3_bucket, file_id)
     storage.stores.open_store(uri, settings).put_bytes(uri, data)
@@ -95,17 +95,6 @@ async def start_batch(
         len(data),
         uri,
     )
-    await pool.execute(
-        "INSERT INTO api_batches (batch_id, project, input_file_id, endpoint, "
-        "completion_window, model, expires_at) "
-        "VALUES ($1, $2, $3, $4, '24h', $5, now() + make_interval(secs => $6))",
-        batch_id,
-        PROJECT,
-        file_id,
-        endpoint.value,
-        model,
-        float(window_s),
-    )
     job = JobSpec(
         job_id=batch_id,
         inputs=[uri],
@@ -115,9 +104,18 @@ async def start_batch(
         api_batch=ApiBatch(project=PROJECT, endpoint=endpoint, completion_window_s=window_s),
         **spec,
     )
-    handle, started = await start_job(client, job, settings=settings)
-    assert started
-    return handle
+    record = ApiBatchRecordInput(
+        batch_id=batch_id,
+        project=PROJECT,
+        input_file_id=file_id,
+        endpoint=endpoint.value,
+        completion_window="24h",
+        window_s=window_s,
+        model=model,
+        max_in_progress=100,
+    )
+    await start_api_batch(client, job, record, settings=settings)
+    return client.get_workflow_handle(batch_id, result_type=JobSummary)
 
 
 async def batch_status(pool: asyncpg.Pool, batch_id: str) -> str:

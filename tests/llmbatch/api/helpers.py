@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+import asyncpg
 import openai
 from openai.types import Batch
 
 from llmbatch.contract.spec import ApiEndpoint
+from llmbatch.ledger import api_layout, api_records
 from tests.fixtures.api_server import ApiServer, Keys
 
 
@@ -84,3 +87,24 @@ def jsonl(lines: list[Any]) -> bytes:
 async def new_client(api_server: ApiServer, api_keys: Keys) -> tuple[openai.AsyncOpenAI, str]:
     key = await api_keys.new()
     return openai.AsyncOpenAI(base_url=api_server.base_url, api_key=key, max_retries=0), key
+
+
+async def record_unstarted_batch(
+    pool: asyncpg.Pool, *, project: str, input_file_id: str, model: str
+) -> str:
+    """A batch record with no workflow behind it (as a server of before Update-with-Start
+    left one when it died between the two); its id."""
+    batch_id = api_layout.new_batch_id()
+    await api_records.insert_batch(
+        pool,
+        batch_id=batch_id,
+        project=project,
+        input_file_id=input_file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        window=timedelta(hours=24),
+        model=model,
+        metadata=None,
+        max_in_progress=10,
+    )
+    return batch_id

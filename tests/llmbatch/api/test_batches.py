@@ -3,15 +3,13 @@ created batch looks like through the official client."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import asyncpg
 import openai
 import pytest
 
-from llmbatch.ledger import api_layout, api_records
+from llmbatch.ledger import api_layout
 from tests.fixtures.api_server import ApiServer, Keys
-from tests.llmbatch.api.helpers import assert_openai_error, batch_file
+from tests.llmbatch.api.helpers import assert_openai_error, batch_file, record_unstarted_batch
 
 
 async def test_a_batch_for_a_model_no_worker_serves_is_refused(
@@ -88,17 +86,8 @@ async def test_limits_answer_400_and_429(
     # them, so none can finish before the third is asked for.
     f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
     for _ in range(2):
-        await api_records.insert_batch(
-            api_pool,
-            batch_id=api_layout.new_batch_id(),
-            project=project,
-            input_file_id=f.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            window=timedelta(hours=24),
-            model=served_model,
-            metadata=None,
-            max_in_progress=10,
+        await record_unstarted_batch(
+            api_pool, project=project, input_file_id=f.id, model=served_model
         )
     with pytest.raises(openai.RateLimitError) as limited:
         await client.batches.create(

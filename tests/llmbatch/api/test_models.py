@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 import pytest
 
 from tests.fixtures.api_server import ApiServer, Keys
+from tests.fixtures.embed_worker import EmbedWorker
 from tests.llmbatch.api.helpers import assert_openai_error
 
 
@@ -18,15 +21,27 @@ async def test_models_lists_the_session_gpu_workers_model(
         base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
     )
     models = [m async for m in client.models.list()]
-    # One entry per model and task: the same weights may also serve embed workers
-    # (the embed tests run the tiny model as one).
-    [served] = [
-        m
-        for m in models
-        if m.id == served_model and (m.model_extra or {}).get("task") == "generate"
-    ]
+    # One entry per model, with its tasks: the same weights may also serve embed
+    # workers (the embed tests run the tiny model as one).
+    [served] = [m for m in models if m.id == served_model]
     assert served.object == "model" and served.owned_by == "llm-batch"
-    assert served.model_extra == {"task": "generate"}
+    assert "generate" in (served.model_extra or {})["tasks"]
+
+
+async def test_a_model_served_for_two_tasks_is_listed_once_with_both(
+    served_model: str, embed_worker: EmbedWorker, api_server: ApiServer, api_keys: Keys
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
+    )
+    assert embed_worker.model == served_model  # the same weights, as generate and embed
+    for _ in range(120):
+        listed = [m for m in [m async for m in client.models.list()] if m.id == served_model]
+        if len(listed) > 1 or "embed" in (listed[0].model_extra or {}).get("tasks", []):
+            break
+        await asyncio.sleep(0.5)
+    assert len(listed) == 1, listed
+    assert (listed[0].model_extra or {})["tasks"] == ["embed", "generate"]
 
 
 async def test_a_served_model_is_retrieved_by_its_id_and_an_unknown_one_is_404(

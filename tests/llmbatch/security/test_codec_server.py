@@ -3,6 +3,7 @@ run as the real command on a free port."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -19,7 +20,7 @@ from temporalio.api.common.v1 import Payloads
 
 from llmbatch.client.temporal import data_converter
 from llmbatch.devstack.process import free_port
-from llmbatch.security.codec import Keyring, new_keyring
+from llmbatch.security.codec import Keyring, new_keyring, read_keyring_file, write_keyring
 
 API_KEY = "codec-server-test-key-91b2"
 UI_ORIGIN = "http://127.0.0.1:8233"
@@ -33,18 +34,22 @@ def keyring() -> Keyring:
 
 @contextlib.contextmanager
 def running_codec_server(
-    keyring: Keyring, ui_origin: str, *, api_key: str = API_KEY
+    keyring: Keyring, ui_origin: str, *, api_key: str = API_KEY, keys_file: Path | None = None
 ) -> Iterator[tuple[str, str]]:
     """``llm-batch codec-server`` on a free port; yields its URL and API key. On exit,
-    checks that its log holds neither the key nor a payload's plaintext."""
+    checks that its log holds neither the key nor a payload's plaintext. With
+    ``keys_file``, the server reads its keyring from that file instead."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="codec-server-") as folder:
         log = Path(folder) / "codec-server.log"
         env = {
-            **os.environ,
-            "LLMBATCH_CODEC_KEYS": keyring.to_json(),
+            **{k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_CODEC_KEYS")},
             "LLMBATCH_CODEC_SERVER_API_KEY": api_key,
         }
+        if keys_file is None:
+            env["LLMBATCH_CODEC_KEYS"] = keyring.to_json()
+        else:
+            env["LLMBATCH_CODEC_KEYS_FILE"] = str(keys_file)
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "llmbatch.cli.main", "codec-server", "--port", str(port),
@@ -123,3 +128,29 @@ async def test_the_web_ui_origin_may_call_it_from_a_browser_and_others_may_not(
     assert ui.headers["access-control-allow-origin"] == UI_ORIGIN
     assert "x-namespace" in ui.headers["access-control-allow-headers"].lower()
     assert other.headers.get("access-control-allow-origin") != "http://evil.example"
+
+
+async def test_after_a_key_rotation_the_server_decodes_with_the_new_key(tmp_path: Path) -> None:
+    keys_file = tmp_path / "codec-keys.json"
+    write_keyring(keys_file, new_keyring())
+    with running_codec_server(read_keyring_file(keys_file), UI_ORIGIN, keys_file=keys_file) as (
+        url,
+        _,
+    ):
+        # `llm-batch codec-key rotate` on the same file, as an operator runs it; workers
+        # started after it encrypt with the new current key.
+        await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "llmbatch.cli.main", "codec-key", "rotate",
+             "--file", str(keys_file)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        rotated = read_keyring_file(keys_file)
+        body = await sealed_body(rotated)
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            decoded = await http.post(
+                "/decode", json=body, headers={"Authorization": f"Bearer {API_KEY}"}
+            )
+    assert decoded.status_code == 200, decoded.text
+    (payload,) = json_format.ParseDict(decoded.json(), Payloads()).payloads
+    assert CANARY.encode() in payload.data

@@ -16,13 +16,25 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from llmbatch.contract.messages import BatchJobInput, JobSummary, ShardSummary
+from llmbatch.contract.messages import (
+    ApiBatchRecordInput,
+    BatchJobInput,
+    JobSummary,
+    ShardSummary,
+)
 from llmbatch.contract.names import (
     BATCH_JOB_WORKFLOW,
+    CREATE_API_BATCH_UPDATE,
     dead_letter_workflow_id,
     redrive_shard_workflow_id,
     shard_workflow_id,
@@ -86,13 +98,38 @@ class Run:
         spec = self.spec(
             max_concurrent_shards=max_concurrent_shards, api_window_s=api_window_s, **fields
         )
-        return await self.client.start_workflow(
+        if spec.api_batch is None:
+            return await self.client.start_workflow(
+                BATCH_JOB_WORKFLOW,
+                BatchJobInput(spec=spec),
+                id=self.job_id,
+                task_queue=self.task_queue,
+                result_type=JobSummary,
+            )
+        # An API batch starts with its record, in one Update-with-Start, as the server
+        # starts it (llmbatch.client.start_api_batch).
+        start = WithStartWorkflowOperation(
             BATCH_JOB_WORKFLOW,
             BatchJobInput(spec=spec),
             id=self.job_id,
             task_queue=self.task_queue,
             result_type=JobSummary,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         )
+        record = ApiBatchRecordInput(
+            batch_id=self.job_id,
+            project=spec.api_batch.project,
+            input_file_id="file-in",
+            endpoint=spec.api_batch.endpoint,
+            completion_window="24h",
+            window_s=spec.api_batch.completion_window_s,
+            model=spec.model,
+            max_in_progress=100,
+        )
+        await self.client.execute_update_with_start_workflow(
+            CREATE_API_BATCH_UPDATE, record, start_workflow_operation=start
+        )
+        return await start.workflow_handle()
 
     def shard(self, shard: int) -> WorkflowHandle[Any, ShardSummary]:
         """The job's own run of ``shard``."""

@@ -36,6 +36,7 @@ from llmbatch.contract.dead_letters import (
 from llmbatch.contract.messages import (
     ApiBatchEndInput,
     ApiBatchFiles,
+    ApiBatchRecordInput,
     ApiBatchStatusInput,
     FetchResult,
     FinalizeInput,
@@ -59,6 +60,7 @@ from llmbatch.contract.names import (
     FINISH_API_BATCH,
     GENERATE,
     PLAN_JOB,
+    RECORD_API_BATCH,
     RECORD_JOB_END,
     RENDER_PROMPTS,
     REPORT_DEAD_LETTERS,
@@ -240,6 +242,7 @@ class StandIns:
             self.fail_shard,
             self.report_dead_letters,
             self.requeue_dead_letters,
+            self.record_api_batch,
             self.set_api_batch_status,
             self.finish_api_batch,
         ]
@@ -324,6 +327,11 @@ class StandIns:
         """Records the end state it was given (``detail``), as the real one does in the
         jobs row."""
         await self._step(RECORD_JOB_END, None, detail=input.state)
+
+    @activity.defn(name=RECORD_API_BATCH)
+    async def record_api_batch(self, input: ApiBatchRecordInput) -> None:
+        """Writes nothing (no batch table here) and records no call: the record is the
+        start's, not a step of the job."""
 
     @activity.defn(name=SET_API_BATCH_STATUS)
     async def set_api_batch_status(self, input: ApiBatchStatusInput) -> bool:
