@@ -1,4 +1,21 @@
-"""Fixtures live in tests/fixtures/, one module per real service they start."""
+"""Fixtures live in tests/fixtures/, one module per real service they start.
+
+Each test session gets a base folder of its own (``/tmp/llmbatch-tests-*``) instead of
+pytest's shared ``/tmp/pytest-of-<user>/pytest-N``. As root, the embedded Postgres runs
+as a system user, and its setup opens the folders above its data to that user; every
+new pytest session sets ``/tmp/pytest-of-<user>`` back to 0700, which took the data
+folder away from a running session's Postgres (it stopped with "Permission denied"
+whenever two sessions overlapped on one machine). A passing session's folder is
+removed at its end; a failing one's stays, with the servers' logs, and says where.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = [
     "tests.fixtures.stack",
@@ -11,3 +28,23 @@ pytest_plugins = [
     "tests.fixtures.embed_worker",
     "tests.fixtures.tables",
 ]
+
+# The base folder this file made for the session (none when --basetemp was given).
+_OWN_BASETEMP = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only the controlling session; --basetemp given on the command line is kept.
+    if config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="llmbatch-tests-")
+        config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    own = session.config.stash.get(_OWN_BASETEMP, None)
+    if own is None:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(own, ignore_errors=True)
+    else:
+        session.config.get_terminal_writer().line(f"test folders and server logs: {own}")
