@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -22,6 +23,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
+from activities.drain import Drain, drained, finish_before_cancel, unless_draining, watch
 from activities.heartbeat import heartbeat_interval
 from llmbatch import ledger, result_cache, telemetry
 from llmbatch.config import model_identity
@@ -66,8 +68,12 @@ class GenerateActivities:
         max_in_flight: int,
         on_engine_dead: Callable[[BaseException], None] | None = None,
         task: Task = Task.GENERATE,
+        drain: Drain | None = None,
     ) -> None:
         self._ctx = ctx
+        # Shared by the worker's activities; without one, a worker shutdown aborts at
+        # once (a drain timeout of 0), as Temporal's default graceful timeout has it.
+        self._drain = drain or Drain(timeout=timedelta(0))
         self._engine = engine
         self._max_in_flight = max_in_flight
         self._on_engine_dead = on_engine_dead
@@ -138,16 +144,20 @@ class GenerateActivities:
         async def engine_requests() -> AsyncIterator[GenerationRequest | EmbeddingRequest]:
             # Request ids are unique per attempt, so a zombie attempt's requests in the
             # same engine never collide with the new attempt's.
+            # A draining worker submits nothing more: what is left goes back.
             nonlocal waiting
             started_waiting = time.monotonic()
-            while pending or waiting:
+            drain = self._drain
+            while (pending or waiting) and not drain.draining:
                 while pending:
-                    await gate.wait_while_paused()
+                    if not await unless_draining(drain, gate.wait_while_paused()):
+                        return
                     yield recorder.submit(pending.popleft())
                 if waiting:
                     # Other shards generate these: take their results when they come,
                     # their leads when they die; never wait past the limit.
-                    await asyncio.sleep(LEAD_POLL_SECONDS)
+                    if not await unless_draining(drain, asyncio.sleep(LEAD_POLL_SECONDS)):
+                        return
                     give_up = time.monotonic() - started_waiting > LEAD_WAIT_LIMIT_SECONDS
                     ready, waiting = await leads.resolve(waiting, give_up=give_up)
                     pending.extend(ready)
@@ -172,12 +182,28 @@ class GenerateActivities:
             # One loop for both tasks: the engine call differs, nothing else.
             run_many: Any = self._engine.embed_many if embed else self._engine.generate_many
             results = run_many(engine_requests(), max_in_flight=self._max_in_flight, usage=usage)
-            async with contextlib.aclosing(results):
-                async for result in results:
-                    recorder.add(result)
-                    if recorder.due():
-                        await recorder.flush()
+            # On a drain, requests in flight run until shortly before its deadline,
+            # then they are aborted (the timeout cancels the loop, closing ``results``).
+            deadline = asyncio.timeout(None)
+            try:
+                async with deadline:
+                    watching = asyncio.create_task(watch(self._drain, deadline))
+                    try:
+                        async with contextlib.aclosing(results):
+                            async for result in results:
+                                recorder.add(result)
+                                if recorder.due():
+                                    await finish_before_cancel(recorder.flush())
+                    finally:
+                        watching.cancel()
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
             await recorder.flush()
+            if self._drain.draining and (pending or waiting or deadline.expired()):
+                await self._hand_back(
+                    recorder, progress, lease, claimed, aborted=deadline.expired()
+                )
         except asyncio.CancelledError:
             # The job was cancelled. Closing generate_many has aborted the engine
             # requests by now; keep what came back, give back the rest.
@@ -196,6 +222,39 @@ class GenerateActivities:
             dead=recorder.dead,
             skipped=len(requests) - len(todo),
             tokens=recorder.tokens,
+        )
+
+    async def _hand_back(
+        self,
+        recorder: _Recorder,
+        progress: GenerateProgress,
+        lease: str,
+        claimed: set[str],
+        *,
+        aborted: bool,
+    ) -> None:
+        """End a drained attempt: what it recorded stays, its unfinished items go back
+        without the attempt counted against them, and the step is retried elsewhere."""
+        released = await ledger.release_items(
+            self._ctx.pool,
+            job_id=recorder.job_id,
+            lease_owner=lease,
+            item_ids=list(claimed),
+            refund=True,
+        )
+        activity.heartbeat(progress.model_dump())
+        took = self._drain.seconds_since_begun()
+        log.info(
+            "attempt %s drained in %.1f s: %d results recorded, %d items given back%s",
+            lease,
+            took,
+            recorder.succeeded + recorder.dead,
+            released,
+            " (in-flight requests aborted at the drain deadline)" if aborted else "",
+        )
+        raise drained(
+            f"worker stopped; {released} unfinished items of this shard given back, "
+            f"{recorder.succeeded + recorder.dead} recorded"
         )
 
     def _check_model(self, input: ShardInput) -> None:

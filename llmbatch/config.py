@@ -79,6 +79,14 @@ class Settings(BaseSettings):
         "(JobSpec.cache unset) from earlier jobs' results for the same model weights. Read by "
         "GPU workers; `submit --cache/--no-cache` decides per job.",
     )
+    drain_timeout: timedelta = Field(
+        default=timedelta(seconds=25),
+        ge=timedelta(0),
+        description="How long a stopping worker (SIGTERM, SIGINT) lets work in flight "
+        "finish before it hands the rest back (Temporal's graceful shutdown timeout; "
+        "seconds or an ISO 8601 duration). Fits a GKE spot notice; keep the pod's "
+        "terminationGracePeriodSeconds longer. 0: hand back at once.",
+    )
     gpu_hour_price: float | None = Field(
         default=None,
         ge=0,

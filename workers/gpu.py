@@ -15,6 +15,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import psutil
@@ -22,6 +23,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.context import ActivityContext
+from activities.drain import Drain
 from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client import connect
@@ -47,20 +49,28 @@ def build_gpu_worker(
     max_in_flight: int | None = None,
     on_engine_dead: Callable[[BaseException], None] | None = None,
     task: Task = Task.GENERATE,
+    drain: Drain | None = None,
 ) -> Worker:
-    """A worker on ``model``'s GPU queue for ``task`` running ``generate`` on ``engine``."""
+    """A worker on ``model``'s GPU queue for ``task`` running ``generate`` on ``engine``.
+
+    ``drain`` is how its activities stop when it shuts down; its timeout is the
+    worker's graceful shutdown timeout (none, in-process workers: abort at once).
+    """
+    drain = drain or Drain(timeout=timedelta(0))
     generate = GenerateActivities(
         ctx,
         engine,
         max_in_flight=max_in_flight or engine.default_max_in_flight,
         on_engine_dead=on_engine_dead,
         task=task,
+        drain=drain,
     )
     return Worker(
         client,
         task_queue=ctx.settings.gpu_task_queue(model, task),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
+        graceful_shutdown_timeout=drain.timeout,
         # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
         interceptors=telemetry.worker_interceptors(client),
     )
@@ -118,6 +128,7 @@ async def run_gpu_worker(
         dead.set()
 
     name = "gpu worker"
+    drain = Drain(timeout=settings.drain_timeout)
     try:
         pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
         try:
@@ -130,6 +141,7 @@ async def run_gpu_worker(
                 max_in_flight=max_in_flight,
                 on_engine_dead=engine_died,
                 task=task,
+                drain=drain,
             )
             async with _advertised(pool, worker, settings, options.model, task):
                 await serve(
@@ -139,6 +151,7 @@ async def run_gpu_worker(
                     f"{settings.gpu_task_queue(options.model, task)} on "
                     f"{client.service_client.config.target_host}",
                     also=dead,
+                    drain=drain,
                 )
         finally:
             await pool.close()

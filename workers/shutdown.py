@@ -11,6 +11,8 @@ from botocore.exceptions import BotoCoreError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from activities.drain import Drain
+
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
     """Return on SIGINT or SIGTERM, or as soon as ``also`` is set."""
@@ -28,6 +30,29 @@ async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
             waiter.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+async def _shut_down(worker: Worker, *, name: str, drain: Drain | None) -> None:
+    """``worker.shutdown()``, draining first when it has a drain."""
+    if drain is None:
+        await worker.shutdown()
+        return
+    loop = asyncio.get_running_loop()
+
+    def hurry() -> None:
+        print(f"{name}: second stop signal, aborting in-flight work", flush=True)
+        drain.hurry()
+
+    print(f"{name} draining (up to {drain.timeout.total_seconds():g} s)", flush=True)
+    drain.begin()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, hurry)
+    try:
+        await worker.shutdown()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print(f"{name} drained in {drain.seconds_since_begun():.1f} s", flush=True)
 
 
 # How long the check at a clean stop waits for Temporal.
@@ -62,9 +87,18 @@ def one_line(exc: BaseException) -> str:
 
 
 async def serve(
-    worker: Worker, *, name: str, ready: str, also: asyncio.Event | None = None
+    worker: Worker,
+    *,
+    name: str,
+    ready: str,
+    also: asyncio.Event | None = None,
+    drain: Drain | None = None,
 ) -> None:
     """Run ``worker`` until SIGINT/SIGTERM or ``also``; print ``ready`` as it starts.
+
+    A stop signal begins ``drain``: the worker polls no more, its activities have the
+    worker's graceful shutdown timeout to finish or hand back; a second signal hurries
+    them (in-flight work aborted and handed back at once).
 
     ``worker.run()`` in a task of its own rather than ``async with worker``: when its
     polls fail while it shuts down (Temporal went away), the context manager cancels
@@ -79,7 +113,7 @@ async def serve(
     finally:
         stop.cancel()
         if not run.done():
-            await worker.shutdown()
+            await _shut_down(worker, name=name, drain=drain)
     try:
         await run
     except Exception as exc:

@@ -88,6 +88,8 @@ class ErrorClass(enum.StrEnum):
     NO_WORKER = "NoWorker"
     # The step reached a worker that has another model loaded (it refused to run it).
     WRONG_MODEL = "WrongModel"
+    # A worker stopped (SIGTERM) and gave the rest of its shard back: retried elsewhere.
+    WORKER_DRAINED = "WorkerDrained"
 
 
 class FailureType(enum.StrEnum):
@@ -102,3 +104,5 @@ class FailureType(enum.StrEnum):
     REDRIVE_RUNNING = "RedriveRunning"
     INVALID_REDRIVE = "InvalidRedrive"
     WRONG_MODEL = "WrongModel"
+    # A worker stopped (SIGTERM) and gave the rest of its shard back: retried elsewhere.
+    WORKER_DRAINED = "WorkerDrained"
