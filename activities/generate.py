@@ -244,7 +244,8 @@ class GenerateActivities:
         )
         activity.heartbeat(progress.model_dump())
         took = self._drain.seconds_since_begun()
-        log.info(
+        # A warning: it is seldom, and an operator wants to see what a stop cost.
+        log.warning(
             "attempt %s drained in %.1f s: %d results recorded, %d items given back%s",
             lease,
             took,

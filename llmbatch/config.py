@@ -87,6 +87,11 @@ class Settings(BaseSettings):
         "seconds or an ISO 8601 duration). Fits a GKE spot notice; keep the pod's "
         "terminationGracePeriodSeconds longer. 0: hand back at once.",
     )
+    ready_file: Path | None = Field(
+        default=None,
+        description="A file a GPU worker writes once its engine is loaded and it polls, "
+        "and removes when it stops (a Kubernetes readiness probe tests for it).",
+    )
     gpu_hour_price: float | None = Field(
         default=None,
         ge=0,

@@ -22,6 +22,7 @@ from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client import connect
 from llmbatch.config import Settings
+from llmbatch.queues import export_gauges
 from workers.heartbeat import BackgroundHeartbeatInterceptor
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
@@ -95,6 +96,8 @@ async def run_cpu_worker(settings: Settings) -> None:
     name = "cpu worker"
     try:
         pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        # The engine queues' backlog as gauges, for dashboards and autoscalers.
+        gauges = asyncio.create_task(export_gauges(client, pool, settings))
         try:
             await serve(
                 build_cpu_worker(
@@ -108,6 +111,8 @@ async def run_cpu_worker(settings: Settings) -> None:
                 f"{client.service_client.config.target_host}",
             )
         finally:
+            gauges.cancel()
+            await asyncio.gather(gauges, return_exceptions=True)
             await pool.close()
     except CONNECTION_ERRORS as exc:
         raise connection_lost(name, exc) from exc

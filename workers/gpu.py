@@ -33,6 +33,7 @@ from llmbatch.engine import Engine, EngineOptions
 from llmbatch.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+from workers.startup import ColdStart, clear_ready, mark_ready
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +118,27 @@ async def run_gpu_worker(
     task: Task = Task.GENERATE,
 ) -> int:
     """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
+    name = "gpu worker"
+    cold = ColdStart(name)
     telemetry.install(component="gpu-worker")
     # The cheap checks first: a bad DSN fails in a second, not after the model loads.
     client = await check_services(settings)
+    cold.phase("imports and service checks")
     engine = await Engine.start(options.for_task(task))
+    cold.phase("engine load (weights, compile, graph capture, KV cache)")
     dead = asyncio.Event()
 
     def engine_died(exc: BaseException) -> None:
         log.error("vLLM engine died (%s); stopping so a supervisor restarts this worker", exc)
         dead.set()
 
-    name = "gpu worker"
     drain = Drain(timeout=settings.drain_timeout)
+
+    def polling() -> None:
+        cold.phase("worker start")
+        print(cold.report(), flush=True)
+        mark_ready(settings.ready_file)
+
     try:
         pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
         try:
@@ -152,6 +162,8 @@ async def run_gpu_worker(
                     f"{client.service_client.config.target_host}",
                     also=dead,
                     drain=drain,
+                    started=polling,
+                    stopping=lambda: clear_ready(settings.ready_file),
                 )
         finally:
             await pool.close()

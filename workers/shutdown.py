@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 
 import asyncpg
@@ -93,12 +94,15 @@ async def serve(
     ready: str,
     also: asyncio.Event | None = None,
     drain: Drain | None = None,
+    started: Callable[[], None] | None = None,
+    stopping: Callable[[], None] | None = None,
 ) -> None:
     """Run ``worker`` until SIGINT/SIGTERM or ``also``; print ``ready`` as it starts.
 
     A stop signal begins ``drain``: the worker polls no more, its activities have the
     worker's graceful shutdown timeout to finish or hand back; a second signal hurries
-    them (in-flight work aborted and handed back at once).
+    them (in-flight work aborted and handed back at once). ``started`` is called once
+    the worker runs, ``stopping`` when it is told to stop.
 
     ``worker.run()`` in a task of its own rather than ``async with worker``: when its
     polls fail while it shuts down (Temporal went away), the context manager cancels
@@ -108,10 +112,14 @@ async def serve(
     run = asyncio.create_task(worker.run())
     stop = asyncio.create_task(wait_for_stop_signal(also))
     print(ready, flush=True)
+    if started is not None:
+        started()
     try:
         await asyncio.wait([run, stop], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
+        if stopping is not None:
+            stopping()
         if not run.done():
             await _shut_down(worker, name=name, drain=drain)
     try:

@@ -16,6 +16,7 @@ from llmbatch.cli import (
     dlq,
     jobs,
     migrate,
+    queues,
     schedules,
     worker,
 )
@@ -50,6 +51,7 @@ app.add_typer(dlq.app, name="dlq", help="A job's dead items: list them, re-drive
 app.add_typer(cache.app, name="cache", help="The result cache across jobs: stats, purge.")
 app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
+app.command("queues")(queues.queues)
 app.command("codec-server")(codec.codec_server)
 app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
 jobs.register(app)

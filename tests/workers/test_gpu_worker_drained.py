@@ -57,7 +57,13 @@ class Drained:
     rows: dict[str, dict[str, Any]]
     output: dict[str, str]
     log: str
+    ready_while_running: bool
+    ready_at_exit: bool
     engine_children_left: list[int]
+
+    def lines(self, *marks: str) -> str:
+        """The worker's log lines that hold any of ``marks``."""
+        return "\n".join(line for line in self.log.splitlines() if any(m in line for m in marks))
 
 
 async def _run(
@@ -90,21 +96,26 @@ async def _drain_mid_job(
     stack: Settings, client: Client, spec: JobSpec, tmp_path: Path, *, drain_timeout: float
 ) -> Drained:
     model = spec.model
+    ready = tmp_path / "ready"
     pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
     first_log, second_log = tmp_path / "gpu-1.log", tmp_path / "gpu-2.log"
     args = ("--drain-timeout", str(drain_timeout), *ENGINE_MEMORY)
-    first = gpu_worker_process(stack, model, first_log, *args)
+    first = gpu_worker_process(
+        stack.model_copy(update={"ready_file": ready}), model, first_log, *args
+    )
     second: subprocess.Popen[bytes] | None = None
     try:
         await wait_for_pollers(client, [stack.gpu_task_queue(model)], procs=[first], within_s=300)
         handle, _ = await start_job(client, spec, settings=stack)
         await until_done(pool, spec.job_id, ROWS // 6, in_flight=True)
         engine = psutil.Process(first.pid).children(recursive=True)
+        ready_while_running = ready.exists()
         at_signal = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
         signalled = time.monotonic()
         first.send_signal(signal.SIGTERM)  # the worker only, as Kubernetes does
         exit_code = await asyncio.to_thread(first.wait, drain_timeout + 60)
         drain_s = time.monotonic() - signalled
+        ready_at_exit = ready.exists()
         at_exit = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
         _, alive = psutil.wait_procs(engine, timeout=10)
         second = gpu_worker_process(stack, model, second_log, *ENGINE_MEMORY)
@@ -132,6 +143,8 @@ async def _drain_mid_job(
         rows=rows,
         output=output,
         log=first_log.read_text(),
+        ready_while_running=ready_while_running,
+        ready_at_exit=ready_at_exit,
         engine_children_left=[p.pid for p in alive],
     )
 
@@ -144,6 +157,8 @@ def _check_every_item_once(run: Drained) -> None:
     assert run.exit_code == 0, run.log[-3000:]
     assert run.engine_children_left == []
     assert "drained in" in run.log
+    assert "gpu worker cold start: " in run.log
+    assert run.ready_while_running and not run.ready_at_exit
 
 
 @pytest.fixture
@@ -162,7 +177,7 @@ async def test_drain_covering_the_work_in_flight_redoes_nothing(
         f"\ndrain with time to spare: {run.succeeded_at_signal} done at SIGTERM, "
         f"{run.succeeded_at_exit} when the worker exited {run.drain_s:.1f} s later "
         f"(exit {run.exit_code}); engine requests {run.engine_requests} for {ROWS} items, "
-        f"{redone} redone"
+        f"{redone} redone\n{run.lines('cold start', 'drain')}"
     )
     # Results kept arriving after the signal: the requests in flight finished.
     assert run.succeeded_at_exit > run.succeeded_at_signal
@@ -189,7 +204,7 @@ async def test_drain_shorter_than_the_work_in_flight_aborts_and_loses_nothing(
         f"\ndrain cut short ({drain_timeout:g} s): {run.succeeded_at_signal} done at "
         f"SIGTERM, {run.succeeded_at_exit} at exit {run.drain_s:.1f} s later "
         f"(exit {run.exit_code}); engine requests {run.engine_requests} for {ROWS} items, "
-        f"{redone} redone"
+        f"{redone} redone\n{run.lines('drain')}"
     )
     assert "aborted at the drain deadline" in run.log
     # Within the grace: the drain timeout, the engine's shutdown and Python's exit.
