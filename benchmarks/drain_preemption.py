@@ -40,7 +40,7 @@ from llmbatch.tiny_model import build_tiny_model
 # A fixed KV cache: a share of RAM fails on machines whose NUMA node 0 is small.
 ENGINE_ARGS = [
     "--max-model-len", "512", "--max-num-seqs", "64", "--concurrent-shards", "2",
-    "--kv-cache-memory-bytes", "268435456",
+    "--kv-cache-memory-bytes", str(512 << 20),
 ]  # fmt: skip
 
 

@@ -43,8 +43,9 @@ from workers.cpu import cpu_worker
 pytestmark = pytest.mark.slow
 
 ROWS, SHARD = 1200, 300
-# A fixed KV cache, not a share of RAM: small NUMA nodes refuse a share.
-ENGINE_MEMORY = ("--kv-cache-memory-bytes", "268435456")
+# Requests in flight per shard: at the signal, part of each shard is in the engine and
+# part not yet submitted (the part a drain gives back).
+MAX_IN_FLIGHT = 48
 
 
 @dataclass
@@ -99,7 +100,7 @@ async def _drain_mid_job(
     ready = tmp_path / "ready"
     pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
     first_log, second_log = tmp_path / "gpu-1.log", tmp_path / "gpu-2.log"
-    args = ("--drain-timeout", str(drain_timeout), *ENGINE_MEMORY)
+    args = ("--drain-timeout", str(drain_timeout), "--max-in-flight", str(MAX_IN_FLIGHT))
     first = gpu_worker_process(
         stack.model_copy(update={"ready_file": ready}), model, first_log, *args
     )
@@ -118,7 +119,7 @@ async def _drain_mid_job(
         ready_at_exit = ready.exists()
         at_exit = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
         _, alive = psutil.wait_procs(engine, timeout=10)
-        second = gpu_worker_process(stack, model, second_log, *ENGINE_MEMORY)
+        second = gpu_worker_process(stack, model, second_log)
         summary = await asyncio.wait_for(job_result(handle), 900)
         assert (summary.items_succeeded, summary.items_dead) == (ROWS, 0)
         rows = await items_by_id(pool, spec.job_id)
@@ -158,6 +159,7 @@ def _check_every_item_once(run: Drained) -> None:
     assert run.engine_children_left == []
     assert "drained in" in run.log
     assert "gpu worker cold start: " in run.log
+    assert "items given back" in run.log
     assert run.ready_while_running and not run.ready_at_exit
 
 

@@ -19,15 +19,15 @@ from temporalio.client import Client
 from llmbatch import ledger
 from llmbatch.client import start_job
 from llmbatch.config import Settings
-from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec, Task
 from llmbatch.demo import settings_env
+from llmbatch.queues import unfinished_items_query
 from tests.fixtures.worker_processes import gpu_worker_process, job_result, stop_worker
 from workers.cpu import cpu_worker
 
 pytestmark = pytest.mark.slow
 
 ROWS, SHARD = 200, 50
-ENGINE_MEMORY = ("--kv-cache-memory-bytes", "268435456")
 
 
 def _cli(settings: Settings, *args: str) -> str:
@@ -80,6 +80,9 @@ async def test_a_job_waits_for_a_worker_and_the_queue_shows_its_backlog(
             assert waiting["unfinished_items"] == ROWS
             assert waiting["running_jobs"] == 1
             assert waiting["model"] == model and waiting["task"] == "generate"
+            # The query KEDA's postgresql trigger runs counts the same.
+            query = unfinished_items_query(model, Task.GENERATE)
+            assert await pool.fetchval(query) == ROWS
             status = json.loads(
                 await asyncio.to_thread(_cli, stack, "status", spec.job_id, "--json")
             )
@@ -87,7 +90,7 @@ async def test_a_job_waits_for_a_worker_and_the_queue_shows_its_backlog(
             assert status["task_queue"] == queue and status["queue_backlog"] == 2
             text = await asyncio.to_thread(_cli, stack, "status", spec.job_id)
             assert f"waiting for a worker serving {model}" in text
-            worker = gpu_worker_process(stack, model, tmp_path / "gpu.log", *ENGINE_MEMORY)
+            worker = gpu_worker_process(stack, model, tmp_path / "gpu.log")
             summary = await asyncio.wait_for(job_result(handle), 900)
             finished = await _queue(stack, queue)
     finally:
