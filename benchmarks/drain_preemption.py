@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import settings_env, wait_for_pollers
 from llmbatch.devstack import DevStack, isolated_settings
+from llmbatch.devstack.process import LoggedProcess
 from llmbatch.tiny_model import build_tiny_model
 
 # A fixed KV cache: a share of RAM fails on machines whose NUMA node 0 is small.
@@ -54,15 +54,13 @@ class Round:
     wall_s: float
 
 
-def _worker(settings: Settings, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "llmbatch.cli.main", "worker", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **settings_env(settings)},
-            start_new_session=True,
-        )
+def _worker(settings: Settings, args: list[str], log: Path) -> LoggedProcess:
+    return LoggedProcess(
+        [sys.executable, "-m", "llmbatch.cli.main", "worker", *args],
+        log=log,
+        env={**os.environ, **settings_env(settings)},
+        new_session=True,
+    )
 
 
 async def one_round(
@@ -143,7 +141,7 @@ class _cpu_worker:
 
     def __init__(self, settings: Settings, work: Path) -> None:
         self._settings, self._work = settings, work
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: LoggedProcess | None = None
 
     async def __aenter__(self) -> None:
         self._proc = _worker(self._settings, ["cpu"], self._work / "logs" / "cpu.log")

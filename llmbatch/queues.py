@@ -62,13 +62,14 @@ class QueueBacklog:
         return asdict(self)
 
 
-# One row per (model, task) of running jobs: the ledger's side of every queue. The
+# One row per (model, task) of running jobs: the ledger's side of every queue (a job
+# is listed from its plan on; its items from the moment their shard starts). The
 # same count (for one model) is the query KEDA's postgresql trigger runs.
 UNFINISHED_SQL = """
 SELECT j.model, coalesce(j.spec->>'task', $3) AS task,
-       count(*) FILTER (WHERE i.status <> ALL($2::text[])) AS unfinished,
+       count(i.item_id) FILTER (WHERE i.status <> ALL($2::text[])) AS unfinished,
        count(DISTINCT j.job_id) AS jobs
-FROM jobs j JOIN items i ON i.job_id = j.job_id
+FROM jobs j LEFT JOIN items i ON i.job_id = j.job_id
 WHERE j.status = $1
 GROUP BY 1, 2
 """
