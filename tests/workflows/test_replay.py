@@ -141,7 +141,9 @@ def record(folder: Path, runs: list[WorkflowHistory]) -> None:
     for old in folder.glob(f"{release}-*.json"):
         old.unlink()
     for n, history in enumerate(runs):
-        (folder / f"{release}-{n:02d}-{_kind(history)}.json").write_text(history.to_json())
+        # The workflow id with the history: workflows read it (a job's id is its own).
+        recorded = {"workflow_id": history.workflow_id, "history": json.loads(history.to_json())}
+        (folder / f"{release}-{n:02d}-{_kind(history)}.json").write_text(json.dumps(recorded))
 
 
 async def test_histories_recorded_by_earlier_releases_replay() -> None:
@@ -149,7 +151,8 @@ async def test_histories_recorded_by_earlier_releases_replay() -> None:
     replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
     kinds: set[str] = set()
     for path in files:
-        history = WorkflowHistory.from_json(path.stem, path.read_text())
+        recorded = json.loads(path.read_text())
+        history = WorkflowHistory.from_json(recorded["workflow_id"], recorded["history"])
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"
         kinds.add(_kind(history))
