@@ -12,7 +12,7 @@ from llmbatch.contract.messages import FetchResult, ShardInput
 from llmbatch.contract.names import FETCH_SHARD
 from llmbatch.contract.spec import InputFormat
 from llmbatch.contract.states import ErrorClass
-from llmbatch.records import StagedRow, dump_jsonl
+from llmbatch.formats.records import StagedRow, dump_jsonl
 
 
 class FetchActivities:

@@ -10,8 +10,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import ledger, openai_batch, planning, storage
-from llmbatch.api import records as api_records
+from llmbatch import ledger, storage
 from llmbatch.contract.messages import (
     FinalizeInput,
     JobEndInput,
@@ -23,7 +22,10 @@ from llmbatch.contract.messages import (
 )
 from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
 from llmbatch.contract.spec import JobSpec, Task
-from llmbatch.contract.states import BatchStatus
+from llmbatch.contract.states import BatchStatus, FailureType
+from llmbatch.dedup import leads
+from llmbatch.formats import openai_batch, planning
+from llmbatch.ledger import api_records
 
 
 class _BatchInvalid(planning.InvalidJobSpec):
@@ -49,13 +51,18 @@ class PlanningActivities:
             )
             shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
         except _BatchInvalid as exc:
-            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
+            raise ApplicationError(
+                str(exc), type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            ) from exc
         except planning.InvalidJobSpec as exc:
             if spec.api_batch is not None:
                 await self._fail_api_batch(
-                    spec, [openai_batch.BatchError(openai_batch.INVALID_REQUEST, str(exc))]
+                    spec,
+                    [openai_batch.BatchError(code=openai_batch.INVALID_REQUEST, message=str(exc))],
                 )
-            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
+            raise ApplicationError(
+                str(exc), type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            ) from exc
         layout = JobLayout(
             job_id=spec.job_id,
             output_root=f"{spec.output_uri.rstrip('/')}/{spec.job_id}",
@@ -64,15 +71,15 @@ class PlanningActivities:
         for shard in shards:
             await self._ctx.write(layout.shard_plan(shard.index), shard.model_dump_json().encode())
             activity.heartbeat(shard.index)
-        await ledger.record_shards(
+        await ledger.jobs.record_shards(
             self._ctx.pool,
             job_id=spec.job_id,
             shards=[
-                ledger.PlannedShard(s.index, s.uri, s.first_row, s.row_count, s.first_line)
+                ledger.jobs.PlannedShard(s.index, s.uri, s.first_row, s.row_count, s.first_line)
                 for s in shards
             ],
         )
-        await ledger.upsert_job(
+        await ledger.jobs.upsert_job(
             self._ctx.pool,
             job_id=spec.job_id,
             spec=spec.model_dump(mode="json"),
@@ -128,12 +135,12 @@ class PlanningActivities:
         """
         summary = input.summary.model_copy()
         layout = input.layout
-        counts = await ledger.job_counts(self._ctx.pool, job_id=summary.job_id)
+        counts = await ledger.jobs.job_counts(self._ctx.pool, job_id=summary.job_id)
         summary.items_succeeded, summary.items_dead = counts.succeeded, counts.dead
         summary.tokens = TokenCounts(
             prompt=counts.prompt_tokens, completion=counts.completion_tokens
         )
-        summary.usage = await ledger.usage(self._ctx.pool, job_id=summary.job_id)
+        summary.usage = await ledger.usage.usage(self._ctx.pool, job_id=summary.job_id)
         summary.state = final_state(summary)
         if summary.started_at and summary.finished_at:
             started = datetime.fromisoformat(summary.started_at)
@@ -144,7 +151,7 @@ class PlanningActivities:
         store = self._ctx.store(layout.output_root)
         try:
             objects = await asyncio.to_thread(store.list, f"{layout.output_root}/")
-        except storage.InputNotFound:
+        except storage.base.InputNotFound:
             # No output part at all (no shard wrote one): an empty list, not a fault
             # to retry for minutes.
             objects = []
@@ -175,11 +182,11 @@ class PlanningActivities:
             "spec": input.spec.model_dump(mode="json"),
         }
         if input.spec.task is Task.EMBED:
-            vectors = await ledger.embedding_counts(self._ctx.pool, job_id=summary.job_id)
+            vectors = await ledger.jobs.embedding_counts(self._ctx.pool, job_id=summary.job_id)
             manifest["task"] = input.spec.task.value
             manifest["embeddings"] = {"count": vectors.count, "dimensions": vectors.dimensions}
         await self._ctx.write(layout.manifest, json.dumps(manifest, indent=2).encode())
-        await ledger.finish_job(
+        await ledger.jobs.finish_job(
             self._ctx.pool,
             job_id=summary.job_id,
             status=summary.state,
@@ -189,7 +196,7 @@ class PlanningActivities:
             prompt_tokens=summary.tokens.prompt,
             completion_tokens=summary.tokens.completion,
         )
-        await ledger.forget_leads(self._ctx.pool, job_id=summary.job_id)
+        await leads.forget_leads(self._ctx.pool, job_id=summary.job_id)
         await asyncio.to_thread(store.delete_prefix, layout.staging + "/")
         return summary
 
@@ -201,8 +208,8 @@ class PlanningActivities:
         Items not done stay ``pending``: nothing of them is lost, only never run. A
         job with no ledger row yet (it ended while planning) is left without one.
         """
-        counts = await ledger.job_counts(self._ctx.pool, job_id=input.job_id)
-        await ledger.finish_job(
+        counts = await ledger.jobs.job_counts(self._ctx.pool, job_id=input.job_id)
+        await ledger.jobs.finish_job(
             self._ctx.pool,
             job_id=input.job_id,
             status=input.state,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmbatch import ledger, storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import settings_env, wait_for_pollers
@@ -67,7 +67,7 @@ async def one_round(
     settings: Settings, model: str, work: Path, *, rows: int, at: float, drain_timeout: float
 ) -> Round:
     client = await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     name = f"drain-{drain_timeout:g}-{uuid.uuid4().hex[:6]}"
     uri = f"s3://{settings.s3_bucket}/bench-drain/{name}.jsonl"
     body = "".join(json.dumps({"n": i}) + "\n" for i in range(rows))
@@ -94,7 +94,7 @@ async def one_round(
         started = time.monotonic()
         handle, _ = await start_job(client, spec, settings=settings)
         for _ in range(60_000):  # the ledger is the only outside view of progress
-            done = (await ledger.job_counts(pool, job_id=name)).succeeded
+            done = (await ledger.jobs.job_counts(pool, job_id=name)).succeeded
             if done >= rows * at:
                 break
             await asyncio.sleep(0.05)
@@ -106,7 +106,7 @@ async def one_round(
         exit_s = time.monotonic() - signalled
         summary = await handle.result()
         wall_s = time.monotonic() - started
-        usage = await ledger.usage(pool, job_id=name)
+        usage = await ledger.usage.usage(pool, job_id=name)
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

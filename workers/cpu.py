@@ -20,11 +20,11 @@ from activities.planning import PlanningActivities
 from activities.render import RenderActivities
 from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
-from llmbatch.queues import export_gauges
 from workers.heartbeat import BackgroundHeartbeatInterceptor
 from workers.preflight import check_services
+from workers.queues import export_gauges
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
@@ -49,7 +49,7 @@ def build_cpu_worker(
         task_queue=ctx.settings.cpu_task_queue,
         graceful_shutdown_timeout=drain_timeout,
         workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
-        # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
+        # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         # Heartbeats: a killed worker's steps move on after their heartbeat timeout.
         interceptors=[*telemetry.worker_interceptors(client), BackgroundHeartbeatInterceptor()],
         activities=[
@@ -73,7 +73,7 @@ def build_cpu_worker(
 async def cpu_worker(settings: Settings, *, client: Client | None = None) -> AsyncIterator[Worker]:
     """Run a CPU worker for the duration of the block (used by the CLI and tests)."""
     client = client or await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     ctx = ActivityContext(settings=settings, pool=pool)
     try:
         async with build_cpu_worker(client, ctx) as w:
@@ -95,7 +95,7 @@ async def run_cpu_worker(settings: Settings) -> None:
     client = await check_services(settings)
     name = "cpu worker"
     try:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         # The engine queues' backlog as gauges, for dashboards and autoscalers.
         gauges = asyncio.create_task(export_gauges(client, pool, settings))
         try:

@@ -14,6 +14,7 @@ from llmbatch.cli import (
     demo,
     dev,
     dlq,
+    docs,
     jobs,
     migrate,
     queues,
@@ -54,6 +55,7 @@ app.command("demo")(demo.demo)
 app.command("queues")(queues.queues)
 app.command("codec-server")(codec.codec_server)
 app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
+app.add_typer(docs.app, name="docs", help="The docs site's generated reference pages.")
 jobs.register(app)
 control.register(app)
 api.register(app)

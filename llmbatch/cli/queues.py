@@ -10,10 +10,11 @@ from rich.table import Table
 
 from llmbatch import ledger
 from llmbatch.cli.common import emit_json, out, run
-from llmbatch.client import connect
+from llmbatch.client.queues import QueueBacklog
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.progress import format_duration
-from llmbatch.queues import QueueBacklog, engine_queues
+from workers.queues import read_queues
 
 
 def queues(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
@@ -25,11 +26,11 @@ def queues(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 async def _queues(settings: Settings, *, as_json: bool) -> None:
     client = await connect(settings)
-    pool = await ledger.create_pool(
+    pool = await ledger.db.create_pool(
         settings.postgres_dsn.get_secret_value(), min_size=1, max_size=2
     )
     try:
-        found = await engine_queues(client, pool, settings)
+        found = await read_queues(client, pool, settings)
     finally:
         await pool.close()
     if as_json:

@@ -56,6 +56,8 @@ class Task(enum.StrEnum):
 
 
 class OutputFormat(enum.StrEnum):
+    """How a job's output parts are written: JSON lines, or Parquet columns."""
+
     JSONL = "jsonl"
     PARQUET = "parquet"
 
@@ -68,8 +70,10 @@ class _Strict(BaseModel):
 class ChatMessage(_Strict):
     """One chat message; ``content`` is a Jinja2 template over the row's fields."""
 
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(min_length=1)
+    role: Literal["system", "user", "assistant"] = Field(description="Who speaks.")
+    content: str = Field(
+        min_length=1, description="A Jinja2 template over the row's fields, e.g. '{{ text }}'."
+    )
 
 
 class SamplingSpec(_Strict):
@@ -79,14 +83,24 @@ class SamplingSpec(_Strict):
     """
 
     # Greedy by default: a re-run of a batch job gives the same answers.
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(default=256, ge=1, le=131072)
-    stop: list[str] | None = None
-    seed: int | None = None
-    choice: list[str] | None = Field(default=None, min_length=1)
-    json_schema: dict[str, Any] | None = None
-    regex: str | None = None
+    temperature: float = Field(
+        default=0.0, ge=0.0, le=2.0, description="0 is greedy: the same request, the same answer."
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    max_tokens: int = Field(
+        default=256, ge=1, le=131072, description="Most tokens generated for one item."
+    )
+    stop: list[str] | None = Field(default=None, description="Strings that end the output.")
+    seed: int | None = Field(
+        default=None, description="Makes sampling reproducible at a temperature above 0."
+    )
+    choice: list[str] | None = Field(
+        default=None, min_length=1, description="The output is exactly one of these strings."
+    )
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="The output is JSON matching this JSON Schema (parsed)."
+    )
+    regex: str | None = Field(default=None, description="The output matches this regex.")
     truncate_prompt_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -163,7 +177,13 @@ class RetrySpec(_Strict):
     """How hard llm-batch retries a shard's steps (transient failures) before the shard
     is reported failed."""
 
-    max_activity_attempts: int = Field(default=10, ge=1, le=100)
+    max_activity_attempts: int = Field(
+        default=10,
+        ge=1,
+        le=100,
+        description="Attempts of each step before its shard fails and its items die as "
+        "ShardFailed.",
+    )
 
 
 class ApiEndpoint(enum.StrEnum):
@@ -191,8 +211,8 @@ class ApiBatch(_Strict):
 
     # A project is also the batch's tenant (its fair share of the workers), so it is
     # named as tenants are.
-    project: str = Field(pattern=TENANT_PATTERN)
-    endpoint: ApiEndpoint
+    project: str = Field(pattern=TENANT_PATTERN, description="The API key's project.")
+    endpoint: ApiEndpoint = Field(description="The batch's one request kind.")
     completion_window_s: int = Field(
         ge=1, description="Seconds from creation after which unfinished requests stop."
     )
@@ -241,17 +261,31 @@ class JobSpec(_Strict):
     embedding: EmbedSpec | None = Field(
         default=None, description="Embed jobs' options (default: EmbedSpec())."
     )
-    model: str = Field(min_length=1)
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    shard_size: int = Field(default=1000, ge=1, le=100_000)
-    max_concurrent_shards: int = Field(default=4, ge=1, le=500)
+    model: str = Field(
+        min_length=1,
+        description="Hugging Face model id or local path; only workers that loaded exactly "
+        "this model run the job.",
+    )
+    sampling: SamplingSpec = Field(
+        default_factory=SamplingSpec, description="Sampling and structured output."
+    )
+    shard_size: int = Field(
+        default=1000, ge=1, le=100_000, description="Rows per shard: the unit of work and retry."
+    )
+    max_concurrent_shards: int = Field(
+        default=4, ge=1, le=500, description="Shards of the job that run at once."
+    )
     output_uri: str = Field(min_length=1, description="Results go under <output_uri>/<job_id>/.")
-    output_format: OutputFormat = OutputFormat.JSONL
+    output_format: OutputFormat = Field(
+        default=OutputFormat.JSONL, description="How the output parts are written."
+    )
     output_fields: list[str] | None = Field(
         default=None, description="Input fields copied to each output row; default all."
     )
-    max_row_bytes: int = Field(default=1 << 20, ge=1, le=64 << 20)
-    retry: RetrySpec = Field(default_factory=RetrySpec)
+    max_row_bytes: int = Field(
+        default=1 << 20, ge=1, le=64 << 20, description="Larger rows die as RowTooLarge."
+    )
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Retries of a shard's steps.")
     dedup: bool = Field(
         default=True,
         description="Generate each distinct request of the job once and share its result "

@@ -19,7 +19,7 @@ from llmbatch.contract.spec import InputFormat
 from llmbatch.formats.detection import UTF8_BOM, FormatError, csv_delimiter
 from llmbatch.formats.parquet import open_parquet, row_group_starts
 from llmbatch.formats.scanning import iter_chunks, scan_records
-from llmbatch.storage import ObjectInfo, ObjectStore
+from llmbatch.storage.base import ObjectInfo, ObjectStore
 
 CHUNK_BYTES = 4 << 20
 # A CSV header longer than this is not a header but a broken file.

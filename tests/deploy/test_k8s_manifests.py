@@ -25,7 +25,7 @@ import yaml
 
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
-from llmbatch.queues import unfinished_items_query
+from llmbatch.ledger.backlog import unfinished_items_query
 
 ROOT = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 SCHEMAS = ROOT / "schemas"

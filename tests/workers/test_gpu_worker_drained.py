@@ -27,7 +27,7 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import wait_for_pollers
@@ -98,7 +98,7 @@ async def _drain_mid_job(
 ) -> Drained:
     model = spec.model
     ready = tmp_path / "ready"
-    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     first_log, second_log = tmp_path / "gpu-1.log", tmp_path / "gpu-2.log"
     args = ("--drain-timeout", str(drain_timeout), "--max-in-flight", str(MAX_IN_FLIGHT))
     first = gpu_worker_process(
@@ -111,19 +111,19 @@ async def _drain_mid_job(
         await until_done(pool, spec.job_id, ROWS // 6, in_flight=True)
         engine = psutil.Process(first.pid).children(recursive=True)
         ready_while_running = ready.exists()
-        at_signal = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
+        at_signal = (await ledger.jobs.job_counts(pool, job_id=spec.job_id)).succeeded
         signalled = time.monotonic()
         first.send_signal(signal.SIGTERM)  # the worker only, as Kubernetes does
         exit_code = await asyncio.to_thread(first.wait, drain_timeout + 60)
         drain_s = time.monotonic() - signalled
         ready_at_exit = ready.exists()
-        at_exit = (await ledger.job_counts(pool, job_id=spec.job_id)).succeeded
+        at_exit = (await ledger.jobs.job_counts(pool, job_id=spec.job_id)).succeeded
         _, alive = psutil.wait_procs(engine, timeout=10)
         second = gpu_worker_process(stack, model, second_log)
         summary = await asyncio.wait_for(job_result(handle), 900)
         assert (summary.items_succeeded, summary.items_dead) == (ROWS, 0)
         rows = await items_by_id(pool, spec.job_id)
-        usage = await ledger.usage(pool, job_id=spec.job_id)
+        usage = await ledger.usage.usage(pool, job_id=spec.job_id)
     finally:
         for proc in (first, second):
             if proc is not None:

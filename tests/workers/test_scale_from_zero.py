@@ -17,11 +17,11 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec, Task
 from llmbatch.demo import settings_env
-from llmbatch.queues import unfinished_items_query
+from llmbatch.ledger.backlog import unfinished_items_query
 from tests.fixtures.worker_processes import gpu_worker_process, job_result, stop_worker
 from workers.cpu import cpu_worker
 
@@ -65,7 +65,7 @@ async def test_a_job_waits_for_a_worker_and_the_queue_shows_its_backlog(
         max_concurrent_shards=ROWS // SHARD,
         output_uri=f"file://{tmp_path / 'out'}",
     )
-    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     worker = None
     try:
         async with cpu_worker(stack, client=temporal_client):
