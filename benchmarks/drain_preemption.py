@@ -32,10 +32,10 @@ from llmbatch import ledger, storage
 from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import settings_env, wait_for_pollers
 from llmbatch.devstack import DevStack, isolated_settings
+from llmbatch.devstack.demo import settings_env, wait_for_pollers
 from llmbatch.devstack.process import LoggedProcess
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 # A fixed KV cache: a share of RAM fails on machines whose NUMA node 0 is small.
 ENGINE_ARGS = [

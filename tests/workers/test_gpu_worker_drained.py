@@ -30,7 +30,7 @@ from llmbatch import ledger
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     items_by_id,

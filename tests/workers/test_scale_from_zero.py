@@ -20,7 +20,7 @@ from llmbatch import ledger
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec, Task
-from llmbatch.demo import settings_env
+from llmbatch.devstack.demo import settings_env
 from llmbatch.ledger.backlog import unfinished_items_query
 from tests.fixtures.worker_processes import gpu_worker_process, job_result, stop_worker
 from workers.cpu import cpu_worker
