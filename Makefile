@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 # MkDocs Material prints a notice about MkDocs 2.0 on every run; it is not ours to act on.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test lint docs docs-build
+.PHONY: setup demo test lint docs docs-build k8s-render k8s-check
 
 setup:
 	./scripts/setup.sh
@@ -30,3 +30,12 @@ docs: setup
 # What CI builds: --strict fails on a broken link or a page missing from the nav.
 docs-build: setup
 	$(VENV)/bin/mkdocs build --strict
+
+# Kubernetes manifests (deploy/k8s): rendered offline with kubectl's kustomize.
+K8S_OVERLAY ?= gke-spot
+
+k8s-render:
+	kubectl kustomize deploy/k8s/overlays/$(K8S_OVERLAY)
+
+k8s-check: setup
+	$(VENV)/bin/python -m pytest tests/deploy -q -p no:cacheprovider

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -25,6 +26,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
+from activities.drain import Drain, drained, finish_before_cancel, unless_draining, watch
 from activities.heartbeat import heartbeat_interval
 from llmbatch import ledger, telemetry
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput
@@ -67,8 +69,12 @@ class GenerateActivities:
         max_in_flight: int,
         on_engine_dead: Callable[[BaseException], None] | None = None,
         task: Task = Task.GENERATE,
+        drain: Drain | None = None,
     ) -> None:
         self._ctx = ctx
+        # Shared by the worker's activities; without one, a worker shutdown aborts at
+        # once (a drain timeout of 0), as Temporal's default graceful timeout has it.
+        self._drain = drain or Drain(timeout=timedelta(0))
         self._engine = engine
         self._max_in_flight = max_in_flight
         self._on_engine_dead = on_engine_dead
@@ -112,12 +118,14 @@ class GenerateActivities:
             recorder,
             heartbeat_timeout_s=timeout.total_seconds() if timeout else None,
         )
-        queue = _Queue(leads, recorder, _PauseGate(self._ctx, job_id))
+        queue = _Queue(leads, recorder, _PauseGate(self._ctx, job_id), self._drain)
         heartbeat = asyncio.create_task(_heartbeat_loop(progress, renew=leads.renew))
         engine_span = self._engine_span(input, requests=len(todo))
         try:
             await queue.fill(await self._groups(input.spec, todo, recorder))
-            await self._run_engine(queue.requests(), recorder, usage)
+            aborted = await self._run_engine(queue.requests(), recorder, usage)
+            if self._drain.draining and (queue.left or aborted):
+                await self._hand_back(recorder, progress, lease, claimed, aborted=aborted)
         except asyncio.CancelledError:
             # The job was cancelled. Closing generate_many has aborted the engine
             # requests by now; keep what came back, give back the rest.
@@ -187,17 +195,64 @@ class GenerateActivities:
         requests: AsyncIterator[GenerationRequest | EmbeddingRequest],
         recorder: Recorder,
         usage: EngineUsage,
-    ) -> None:
-        """Every request through the engine, results recorded as they come."""
+    ) -> bool:
+        """Every request through the engine, results recorded as they come; return
+        whether a drain's deadline aborted requests still in flight."""
         # One loop for both tasks: the engine call differs, nothing else.
         run_many: Any = self._engine.embed_many if self._embed else self._engine.generate_many
         results = run_many(requests, max_in_flight=self._max_in_flight, usage=usage)
-        async with contextlib.aclosing(results):
-            async for result in results:
-                recorder.add(result)
-                if recorder.due():
-                    await recorder.flush()
+        # On a drain, requests in flight run until shortly before its deadline, then
+        # they are aborted (the timeout cancels the loop, closing ``results``).
+        deadline = asyncio.timeout(None)
+        try:
+            async with deadline:
+                watching = asyncio.create_task(watch(self._drain, deadline))
+                try:
+                    async with contextlib.aclosing(results):
+                        async for result in results:
+                            recorder.add(result)
+                            if recorder.due():
+                                await finish_before_cancel(recorder.flush())
+                finally:
+                    watching.cancel()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
         await recorder.flush()
+        return deadline.expired()
+
+    async def _hand_back(
+        self,
+        recorder: Recorder,
+        progress: GenerateProgress,
+        lease: str,
+        claimed: set[str],
+        *,
+        aborted: bool,
+    ) -> None:
+        """End a drained attempt: what it recorded stays, its unfinished items go back
+        without the attempt counted against them, and the step is retried elsewhere."""
+        released = await ledger.items.release_items(
+            self._ctx.pool,
+            job_id=recorder.job_id,
+            lease_owner=lease,
+            item_ids=list(claimed),
+            refund=True,
+        )
+        activity.heartbeat(progress.model_dump())
+        # A warning: it is seldom, and an operator wants to see what a stop cost.
+        log.warning(
+            "attempt %s drained in %.1f s: %d results recorded, %d items given back%s",
+            lease,
+            self._drain.seconds_since_begun(),
+            recorder.succeeded + recorder.dead,
+            released,
+            " (in-flight requests aborted at the drain deadline)" if aborted else "",
+        )
+        raise drained(
+            f"worker stopped; {released} unfinished items of this shard given back, "
+            f"{recorder.succeeded + recorder.dead} recorded"
+        )
 
     def _check_model(self, input: ShardInput) -> None:
         """Refuse a shard for another model than the one loaded, before touching any
@@ -227,8 +282,9 @@ class _Queue:
     another shard leads, waited for until their result comes (shared, not submitted)
     or their lead dies (then submitted here); never waited for past the limit."""
 
-    def __init__(self, leads: Leads, recorder: Recorder, gate: _PauseGate) -> None:
+    def __init__(self, leads: Leads, recorder: Recorder, gate: _PauseGate, drain: Drain) -> None:
         self._leads, self._recorder, self._gate = leads, recorder, gate
+        self._drain = drain
         self._pending: deque[Group] = deque()
         self._waiting: list[Group] = []
 
@@ -238,18 +294,27 @@ class _Queue:
         ready, self._waiting = await self._leads.resolve([g for g in groups if g.shared])
         self._pending.extend([g for g in groups if not g.shared] + ready)
 
+    @property
+    def left(self) -> bool:
+        """Whether groups are left that this attempt did not submit (a drain stopped it)."""
+        return bool(self._pending or self._waiting)
+
     async def requests(self) -> AsyncIterator[GenerationRequest | EmbeddingRequest]:
         # Request ids are unique per attempt, so a zombie attempt's requests in the
-        # same engine never collide with the new attempt's.
+        # same engine never collide with the new attempt's. A draining worker submits
+        # nothing more: what is left goes back.
         started_waiting = time.monotonic()
-        while self._pending or self._waiting:
+        drain = self._drain
+        while (self._pending or self._waiting) and not drain.draining:
             while self._pending:
-                await self._gate.wait_while_paused()
+                if not await unless_draining(drain, self._gate.wait_while_paused()):
+                    return
                 yield self._recorder.submit(self._pending.popleft())
             if self._waiting:
                 # Other shards generate these: take their results when they come,
                 # their leads when they die; never wait past the limit.
-                await asyncio.sleep(LEAD_POLL_SECONDS)
+                if not await unless_draining(drain, asyncio.sleep(LEAD_POLL_SECONDS)):
+                    return
                 give_up = time.monotonic() - started_waiting > LEAD_WAIT_LIMIT_SECONDS
                 ready, self._waiting = await self._leads.resolve(self._waiting, give_up=give_up)
                 self._pending.extend(ready)

@@ -98,6 +98,19 @@ class Settings(BaseSettings):
         "API project is its batches' tenant). Off: each tenant's results answer its own "
         "jobs only, so no tenant gets, or can time, another's. Read by GPU workers.",
     )
+    drain_timeout: timedelta = Field(
+        default=timedelta(seconds=25),
+        ge=timedelta(0),
+        description="How long a stopping worker (SIGTERM, SIGINT) lets work in flight "
+        "finish before it hands the rest back (Temporal's graceful shutdown timeout; "
+        "seconds or an ISO 8601 duration). Fits a GKE spot notice; keep the pod's "
+        "terminationGracePeriodSeconds longer. 0: hand back at once.",
+    )
+    ready_file: Path | None = Field(
+        default=None,
+        description="A file a GPU worker writes once its engine is loaded and it polls, "
+        "and removes when it stops (a Kubernetes readiness probe tests for it).",
+    )
     gpu_hour_price: float | None = Field(
         default=None,
         ge=0,

@@ -424,6 +424,37 @@ ENGINE_REQUESTS = Instrument(
     "Requests in the vLLM engine, running or waiting to be scheduled.",
     (MODEL,),
 )
+# The engine queues' backlog, exported by the CPU worker (llmbatch.client.queues).
+TASK_QUEUE, TASK = "llmbatch.task_queue", "llmbatch.task"
+QUEUE_BACKLOG = Instrument(
+    "llmbatch.queue.backlog",
+    "gauge",
+    "{task}",
+    "Activity tasks waiting on an engine task queue (Temporal's approximate count).",
+    (TASK_QUEUE, MODEL, TASK),
+)
+QUEUE_BACKLOG_AGE = Instrument(
+    "llmbatch.queue.backlog_age",
+    "gauge",
+    "s",
+    "Age of the oldest activity task waiting on an engine task queue.",
+    (TASK_QUEUE, MODEL, TASK),
+)
+QUEUE_POLLERS = Instrument(
+    "llmbatch.queue.pollers",
+    "gauge",
+    "{worker}",
+    "Workers Temporal saw polling an engine task queue lately.",
+    (TASK_QUEUE, MODEL, TASK),
+)
+QUEUE_UNFINISHED = Instrument(
+    "llmbatch.queue.unfinished_items",
+    "gauge",
+    "{item}",
+    "Unfinished items of running jobs for an engine queue's model and task (the ledger).",
+    (TASK_QUEUE, MODEL, TASK),
+)
+QUEUE_INSTRUMENTS = (QUEUE_BACKLOG, QUEUE_BACKLOG_AGE, QUEUE_POLLERS, QUEUE_UNFINISHED)
 #: Every instrument llm-batch reports, in the order the reference lists them.
 INSTRUMENTS: tuple[Instrument, ...] = (
     ITEMS,
@@ -432,6 +463,7 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     ENGINE_SUBMITTED,
     GPU_SECONDS,
     ENGINE_REQUESTS,
+    *QUEUE_INSTRUMENTS,
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -13,6 +14,7 @@ from activities.api_batch import ApiBatchActivities
 from activities.context import ActivityContext
 from activities.control import ControlActivities
 from activities.dead_letters import DeadLetterActivities
+from activities.drain import Drain
 from activities.fetch import FetchActivities
 from activities.planning import PlanningActivities
 from activities.render import RenderActivities
@@ -22,14 +24,21 @@ from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from workers.heartbeat import BackgroundHeartbeatInterceptor
 from workers.preflight import check_services
+from workers.queues import export_gauges
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
 from workflows.shard import ShardWorkflow
 
 
-def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
-    """A worker on the CPU queue with every workflow and CPU activity registered."""
+def build_cpu_worker(
+    client: Client, ctx: ActivityContext, *, drain_timeout: timedelta = timedelta(0)
+) -> Worker:
+    """A worker on the CPU queue with every workflow and CPU activity registered.
+
+    Stopped, it lets its reads, renders and writes run ``drain_timeout`` more before
+    the SDK cancels them (0, in-process workers: at once).
+    """
     planning, fetch = PlanningActivities(ctx), FetchActivities(ctx)
     render, write = RenderActivities(ctx), WriteActivities(ctx)
     control = ControlActivities(ctx)
@@ -38,6 +47,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
     return Worker(
         client,
         task_queue=ctx.settings.cpu_task_queue,
+        graceful_shutdown_timeout=drain_timeout,
         workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
         # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         # Heartbeats: a killed worker's steps move on after their heartbeat timeout.
@@ -87,14 +97,23 @@ async def run_cpu_worker(settings: Settings) -> None:
     name = "cpu worker"
     try:
         pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
+        # The engine queues' backlog as gauges, for dashboards and autoscalers.
+        gauges = asyncio.create_task(export_gauges(client, pool, settings))
         try:
             await serve(
-                build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)),
+                build_cpu_worker(
+                    client,
+                    ActivityContext(settings=settings, pool=pool),
+                    drain_timeout=settings.drain_timeout,
+                ),
+                drain=Drain(timeout=settings.drain_timeout),
                 name=name,
                 ready=f"{name} polling {settings.cpu_task_queue} on "
                 f"{client.service_client.config.target_host}",
             )
         finally:
+            gauges.cancel()
+            await asyncio.gather(gauges, return_exceptions=True)
             await pool.close()
     except CONNECTION_ERRORS as exc:
         raise connection_lost(name, exc) from exc

@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import psutil
@@ -22,6 +24,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.context import ActivityContext
+from activities.drain import Drain
 from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client.temporal import connect
@@ -32,6 +35,7 @@ from llmbatch.engine.vllm_engine import Engine
 from llmbatch.ledger.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+from workers.startup import ColdStart, clear_ready, mark_ready
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +52,28 @@ def build_gpu_worker(
     max_in_flight: int | None = None,
     on_engine_dead: Callable[[BaseException], None] | None = None,
     task: Task = Task.GENERATE,
+    drain: Drain | None = None,
 ) -> Worker:
-    """A worker on ``model``'s GPU queue for ``task`` running ``generate`` on ``engine``."""
+    """A worker on ``model``'s GPU queue for ``task`` running ``generate`` on ``engine``.
+
+    ``drain`` is how its activities stop when it shuts down; its timeout is the
+    worker's graceful shutdown timeout (none, in-process workers: abort at once).
+    """
+    drain = drain or Drain(timeout=timedelta(0))
     generate = GenerateActivities(
         ctx,
         engine,
         max_in_flight=max_in_flight or engine.default_max_in_flight,
         on_engine_dead=on_engine_dead,
         task=task,
+        drain=drain,
     )
     return Worker(
         client,
         task_queue=ctx.settings.gpu_task_queue(model, task),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
+        graceful_shutdown_timeout=drain.timeout,
         # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         interceptors=telemetry.worker_interceptors(client),
     )
@@ -108,17 +120,27 @@ async def run_gpu_worker(
     task: Task = Task.GENERATE,
 ) -> int:
     """Run until SIGINT/SIGTERM (exit code 0) or until the engine dies (exit code 1)."""
+    name = "gpu worker"
+    cold = ColdStart(name)
     telemetry.install(component="gpu-worker")
     # The cheap checks first: a bad DSN fails in a second, not after the model loads.
     client = await check_services(settings)
+    cold.phase("imports and service checks")
     engine = await Engine.start(options.for_task(task))
+    cold.phase("engine load (weights, compile, graph capture, KV cache)")
     dead = asyncio.Event()
 
     def engine_died(exc: BaseException) -> None:
         log.error("vLLM engine died (%s); stopping so a supervisor restarts this worker", exc)
         dead.set()
 
-    name = "gpu worker"
+    drain = Drain(timeout=settings.drain_timeout)
+
+    def polling() -> None:
+        cold.phase("worker start")
+        print(cold.report(), flush=True)
+        mark_ready(settings.ready_file)
+
     try:
         pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         try:
@@ -131,6 +153,7 @@ async def run_gpu_worker(
                 max_in_flight=max_in_flight,
                 on_engine_dead=engine_died,
                 task=task,
+                drain=drain,
             )
             async with _advertised(pool, worker, settings, options.model, task):
                 await serve(
@@ -140,13 +163,19 @@ async def run_gpu_worker(
                     f"{settings.gpu_task_queue(options.model, task)} on "
                     f"{client.service_client.config.target_host}",
                     also=dead,
+                    drain=drain,
+                    started=polling,
+                    stopping=lambda: clear_ready(settings.ready_file),
                 )
         finally:
             await pool.close()
     except CONNECTION_ERRORS as exc:
         raise connection_lost(name, exc) from exc
     finally:
+        stopping = time.monotonic()
         engine.shutdown()
+        # After a drain: what a pod's grace period must leave for this, too.
+        print(f"{name}: engine stopped in {time.monotonic() - stopping:.1f} s", flush=True)
     return 1 if dead.is_set() else 0
 
 

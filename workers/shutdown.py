@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 
 import asyncpg
 from botocore.exceptions import BotoCoreError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
+
+from activities.drain import Drain
 
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
@@ -28,6 +31,29 @@ async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
             waiter.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+async def _shut_down(worker: Worker, *, name: str, drain: Drain | None) -> None:
+    """``worker.shutdown()``, draining first when it has a drain."""
+    if drain is None:
+        await worker.shutdown()
+        return
+    loop = asyncio.get_running_loop()
+
+    def hurry() -> None:
+        print(f"{name}: second stop signal, aborting in-flight work", flush=True)
+        drain.hurry()
+
+    print(f"{name} draining (up to {drain.timeout.total_seconds():g} s)", flush=True)
+    drain.begin()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, hurry)
+    try:
+        await worker.shutdown()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print(f"{name} drained in {drain.seconds_since_begun():.1f} s", flush=True)
 
 
 # How long the check at a clean stop waits for Temporal.
@@ -62,9 +88,21 @@ def one_line(exc: BaseException) -> str:
 
 
 async def serve(
-    worker: Worker, *, name: str, ready: str, also: asyncio.Event | None = None
+    worker: Worker,
+    *,
+    name: str,
+    ready: str,
+    also: asyncio.Event | None = None,
+    drain: Drain | None = None,
+    started: Callable[[], None] | None = None,
+    stopping: Callable[[], None] | None = None,
 ) -> None:
     """Run ``worker`` until SIGINT/SIGTERM or ``also``; print ``ready`` as it starts.
+
+    A stop signal begins ``drain``: the worker polls no more, its activities have the
+    worker's graceful shutdown timeout to finish or hand back; a second signal hurries
+    them (in-flight work aborted and handed back at once). ``started`` is called once
+    the worker runs, ``stopping`` when it is told to stop.
 
     ``worker.run()`` in a task of its own rather than ``async with worker``: when its
     polls fail while it shuts down (Temporal went away), the context manager cancels
@@ -74,12 +112,16 @@ async def serve(
     run = asyncio.create_task(worker.run())
     stop = asyncio.create_task(wait_for_stop_signal(also))
     print(ready, flush=True)
+    if started is not None:
+        started()
     try:
         await asyncio.wait([run, stop], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
+        if stopping is not None:
+            stopping()
         if not run.done():
-            await worker.shutdown()
+            await _shut_down(worker, name=name, drain=drain)
     try:
         await run
     except Exception as exc:

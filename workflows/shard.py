@@ -98,16 +98,24 @@ class ShardWorkflow:
                 + (f" (gives up after {format_duration(limit.total_seconds())})" if limit else "")
                 + (f", waiting there at {place}" if place else "")
             )
-            await workflow.execute_activity(
-                GENERATE,
-                input,
-                **options.generate_step(
-                    spec,
-                    task_queue=input.gpu_task_queue,
-                    summary=f"shard {shard}: generate {rendered.to_generate} items",
-                    schedule_to_start=limit,
-                ),
-            )
+            while True:
+                try:
+                    await workflow.execute_activity(
+                        GENERATE,
+                        input,
+                        **options.generate_step(
+                            spec,
+                            task_queue=input.gpu_task_queue,
+                            summary=f"shard {shard}: generate {rendered.to_generate} items",
+                            schedule_to_start=limit,
+                        ),
+                    )
+                    break
+                except ActivityError as err:
+                    # Stopped workers (spot notices, scale-downs) are no failure of the
+                    # shard: when its last attempt was drained, the step starts afresh.
+                    if not _drained(err):
+                        raise
             workflow.set_current_details("")
         _stop_if_cancelled()
         return await self._write(input)
@@ -187,6 +195,11 @@ async def _tell_parent(input: ShardInput, summary: ShardSummary) -> None:
             input.parent_workflow_id,
             err,
         )
+
+
+def _drained(err: ActivityError) -> bool:
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and cause.type == FailureType.WORKER_DRAINED
 
 
 def _error_class(err: ActivityError) -> ErrorClass:

@@ -28,6 +28,7 @@ from llmbatch.cli.jobview import (
     usage_line,
 )
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
+from llmbatch.client.queues import describe_queue
 from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
@@ -175,18 +176,31 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
         spec = await started_spec(client, job_id)
         task = spec.task if spec is not None else Task.GENERATE
         waiting = not await model_has_worker(client, settings, p.model, task=task)
+    queue = settings.gpu_task_queue(p.model, task)
+    # Zero workers is a normal state (scaled to zero): say how long and how much waits.
+    backlog = await describe_queue(client, queue) if waiting else None
     if as_json:
         data = p.model_dump(mode="json")
         data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
+        if backlog is not None:
+            data.update(
+                task_queue=queue,
+                queue_backlog=backlog["backlog"],
+                waiting_s=backlog["backlog_age_s"],
+            )
         emit_json(data)
         return
     out.print(f"[bold]{job_id}[/bold]: {p.state} (workflow {workflow_state})")
     out.print(f"  model: {p.model}")
     out.print(f"  {placement(p.priority, p.tenant)}", highlight=False)
-    if waiting:
+    if backlog is not None:
+        limit = format_duration(settings.generate_schedule_to_start.total_seconds())
         out.print(
             f"  [yellow]waiting for a worker serving {escape(p.model)}[/yellow]: none polls "
-            f"task queue {settings.gpu_task_queue(p.model, task)}",
+            f"task queue {queue}; its oldest task has waited "
+            f"{format_duration(backlog['backlog_age_s'])}, {backlog['backlog']} task(s) "
+            f"queued, {p.items_total - p.items_done} items of this job unfinished (a shard "
+            f"waits up to {limit})",
             highlight=False,
         )
     out.print(f"  shards: {p.shards_done}/{p.shards_total} done, running {p.shards_running}")

@@ -17,6 +17,7 @@ from llmbatch.cli import (
     docs,
     jobs,
     migrate,
+    queues,
     schedules,
     worker,
 )
@@ -56,6 +57,7 @@ app.add_typer(dlq.app, name="dlq", help="A job's dead items: list them, re-drive
 app.add_typer(cache.app, name="cache", help="The result cache across jobs: stats, purge.")
 app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
+app.command("queues")(queues.queues)
 app.command("codec-server")(codec.codec_server)
 app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
 app.add_typer(docs.app, name="docs", help="The docs site's generated reference pages.")

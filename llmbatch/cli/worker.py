@@ -10,6 +10,7 @@ worker's image need not have vLLM.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 import typer
@@ -31,15 +32,35 @@ ENGINE_ARGS_HELP = (
 )
 
 
+DrainTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--drain-timeout",
+        metavar="SECONDS",
+        min=0,
+        help="On SIGTERM/SIGINT, let work in flight finish this long, then hand the rest "
+        "back (a second signal: at once). Default: the drain_timeout setting (25 s, a GKE "
+        "spot notice). Keep the pod's terminationGracePeriodSeconds longer.",
+        show_default=False,
+    ),
+]
+
+
+def _settings(drain_timeout: float | None) -> Settings:
+    if drain_timeout is None:
+        return Settings()
+    return Settings(drain_timeout=timedelta(seconds=drain_timeout))
+
+
 @app.command("cpu")
-def cpu() -> None:
+def cpu(drain_timeout: DrainTimeout = None) -> None:
     """Run the workflows and the CPU activities (read, render, write)."""
     from workers import cpu as cpu_worker
     from workers.preflight import StartupCheckFailed
     from workers.shutdown import ConnectionLost
 
     try:
-        cpu_worker.main(Settings())
+        cpu_worker.main(_settings(drain_timeout))
     except (StartupCheckFailed, ConnectionLost) as exc:
         raise fail(str(exc)) from None
 
@@ -70,6 +91,7 @@ def gpu(
             "--convert embed to embed with a decoder model)."
         ),
     ] = Task.GENERATE,
+    drain_timeout: DrainTimeout = None,
     concurrent_shards: Annotated[
         int, typer.Option(help="generate activities run at once on this engine.")
     ] = 4,
@@ -95,7 +117,7 @@ def gpu(
     from workers.preflight import StartupCheckFailed, check_now
     from workers.shutdown import ConnectionLost
 
-    settings = Settings()
+    settings = _settings(drain_timeout)
     try:
         # Before vLLM is imported (to parse the engine arguments): a bad DSN or S3
         # endpoint fails in a second, not after tens of seconds of imports.

@@ -155,4 +155,12 @@ FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
         "or the record was refused.",
         "Create batches through `POST /v1/batches`; the message says why the record was refused.",
     ),
+    FailureType.WORKER_DRAINED: Explanation(
+        "A GPU worker was stopped (SIGTERM: a spot notice, a scale-down, a deploy) while it "
+        "ran the shard's generate step; it recorded what came back within its drain timeout "
+        "and gave the rest back. Not an item failure: the step is retried on another worker "
+        "and no item is charged an attempt.",
+        "Nothing to do. Many of them: give workers a longer `--drain-timeout` (and the pod "
+        "a longer grace period), or fewer preemptions.",
+    ),
 }

@@ -132,3 +132,5 @@ class FailureType(enum.StrEnum):
     TOO_MANY_BATCHES = "TooManyBatches"
     # An API batch's workflow started without its record (no create_api_batch update).
     BATCH_NOT_RECORDED = "BatchNotRecorded"
+    # A worker stopped (SIGTERM) and gave the rest of its shard back: retried elsewhere.
+    WORKER_DRAINED = "WorkerDrained"

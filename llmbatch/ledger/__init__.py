@@ -7,7 +7,8 @@ and the result cache (``llmbatch.dedup.result_cache``): ``db`` (pool, transactio
 counts), ``dead_letters`` (dead items and the re-drive), ``usage`` (engine time and
 cost), ``api_records`` (the OpenAI Batch API's keys, files and batches) with ``api_layout``
 (their ids and object keys),
-``served_models`` (which models GPU workers serve) and ``migrate`` (applying
+``served_models`` (which models GPU workers serve), ``backlog`` (unfinished items
+by model and task, for autoscaling) and ``migrate`` (applying
 ``migrations/``).
 
 Plain async functions with set-based SQL, bound parameters, and fencing in the WHERE

@@ -318,16 +318,23 @@ async def items_by_id(
 
 
 async def release_items(
-    pool: Database, *, job_id: str, lease_owner: str, item_ids: Sequence[str]
+    pool: Database,
+    *,
+    job_id: str,
+    lease_owner: str,
+    item_ids: Sequence[str],
+    refund: bool = False,
 ) -> int:
     """Give back the items ``lease_owner`` still holds (status ``pending`` again); return
     how many. Used when an attempt is cancelled, so its unfinished items are not left
-    ``running`` with nobody working on them."""
+    ``running`` with nobody working on them. With ``refund`` (a drained worker gives
+    them back) the claim is not counted as an attempt of theirs."""
     if not item_ids:
         return 0
     status = await pool.execute(
         """
         UPDATE items SET status = $4, lease_owner = NULL, started_at = NULL,
+                         attempt = CASE WHEN $6 THEN greatest(attempt - 1, 0) ELSE attempt END,
                          updated_at = now()
         WHERE job_id = $1 AND item_id = ANY($3::text[]) AND lease_owner = $2
           AND status = $5
@@ -337,5 +344,6 @@ async def release_items(
         list(item_ids),
         ItemStatus.PENDING,
         ItemStatus.RUNNING,
+        refund,
     )
     return int(status.rsplit(" ", 1)[1])

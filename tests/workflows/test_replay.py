@@ -6,12 +6,18 @@ row with a missing template field dies, so its DeadLetterWorkflow starts, and a
 re-drive runs through it. Every run of every workflow is then fetched and replayed
 by Temporal's Replayer with the same workflow classes and data converter the
 workers use: any non-deterministic code path fails the replay.
+
+Histories recorded by earlier releases (tests/workflows/histories, one file per run,
+written by this test with LLMBATCH_RECORD_HISTORIES=1) are replayed by the current
+code too: a release whose workflow code would break the jobs still running when it
+is deployed fails here (docs/operations/kubernetes.md, "Upgrades").
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -41,6 +47,8 @@ from workflows.shard import ShardWorkflow
 pytestmark = pytest.mark.slow
 
 SHARDS = 24
+RECORDED = Path(__file__).parent / "histories"
+WORKFLOWS = [BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow]
 DEAD_ROW = 5  # has no "n": its template fails, so it dies and the DLQ starts
 
 
@@ -106,16 +114,47 @@ async def test_every_workflow_replays_deterministically(
     assert statuses.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) >= 1
     assert len(job_runs) >= 2 and len(shard_runs) == SHARDS + 1 and dlq_runs
 
-    replayer = Replayer(
-        workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
-        data_converter=pydantic_data_converter,
-    )
+    if os.environ.get("LLMBATCH_RECORD_HISTORIES"):
+        # One file per run: every job run, the first shard, the re-driven shard, the DLQ.
+        record(RECORDED, [*job_runs, shard_runs[0], shard_runs[-1], *dlq_runs])
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
     replayed: dict[str, int] = {}
     for history in [*job_runs, *shard_runs, *dlq_runs]:
         # Raises on a non-determinism error (or any other workflow task failure).
         result = await replayer.replay_workflow(history)
         assert result.replay_failure is None, history.workflow_id
-        kind = history.events[0].workflow_execution_started_event_attributes.workflow_type.name
-        replayed[kind] = replayed.get(kind, 0) + 1
+        replayed[_kind(history)] = replayed.get(_kind(history), 0) + 1
     assert replayed.keys() == {BATCH_JOB_WORKFLOW, SHARD_WORKFLOW, DEAD_LETTER_WORKFLOW}
     print(f"\nreplayed {replayed} with no non-determinism")
+
+
+def _kind(history: WorkflowHistory) -> str:
+    return history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+
+
+def record(folder: Path, runs: list[WorkflowHistory]) -> None:
+    """Write ``runs`` as recorded histories of this release, replacing its earlier ones."""
+    from importlib.metadata import version
+
+    release = version("llm-batch")
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob(f"{release}-*.json"):
+        old.unlink()
+    for n, history in enumerate(runs):
+        # The workflow id with the history: workflows read it (a job's id is its own).
+        recorded = {"workflow_id": history.workflow_id, "history": json.loads(history.to_json())}
+        (folder / f"{release}-{n:02d}-{_kind(history)}.json").write_text(json.dumps(recorded))
+
+
+async def test_histories_recorded_by_earlier_releases_replay() -> None:
+    files = sorted(RECORDED.glob("*.json"))
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    kinds: set[str] = set()
+    for path in files:
+        recorded = json.loads(path.read_text())
+        history = WorkflowHistory.from_json(recorded["workflow_id"], recorded["history"])
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"
+        kinds.add(_kind(history))
+    # Every workflow type has a recorded history to be replayed.
+    assert kinds == {BATCH_JOB_WORKFLOW, SHARD_WORKFLOW, DEAD_LETTER_WORKFLOW}

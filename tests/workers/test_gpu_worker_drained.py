@@ -1,0 +1,214 @@
+"""SIGTERM a GPU worker mid-job: it drains, exits 0, and another worker finishes.
+
+As Kubernetes stops a pod (a spot notice, a scale-down, a deploy): SIGTERM to the
+worker process only, not its engine processes. With a drain timeout that covers
+the requests in flight, results keep arriving after the signal and nothing is
+generated twice; with one shorter than the work in flight, what is still in the
+engine at the deadline is aborted, given back and done by the next worker. Either
+way every item ends once, no item is charged an attempt for the stop, and the
+worker and its engine processes are gone within the grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from temporalio.client import Client
+
+from llmbatch import ledger
+from llmbatch.client.temporal import start_job
+from llmbatch.config import Settings
+from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.devstack.demo import wait_for_pollers
+from tests.fixtures.worker_processes import (
+    gpu_worker_process,
+    items_by_id,
+    job_result,
+    stop_worker,
+    until_done,
+)
+from workers.cpu import cpu_worker
+
+pytestmark = pytest.mark.slow
+
+ROWS, SHARD = 1200, 300
+# Requests in flight per shard: at the signal, part of each shard is in the engine and
+# part not yet submitted (the part a drain gives back).
+MAX_IN_FLIGHT = 48
+
+
+@dataclass
+class Drained:
+    exit_code: int
+    drain_s: float
+    succeeded_at_signal: int
+    succeeded_at_exit: int
+    engine_requests: int
+    rows: dict[str, dict[str, Any]]
+    output: dict[str, str]
+    log: str
+    ready_while_running: bool
+    ready_at_exit: bool
+    engine_children_left: list[int]
+
+    def lines(self, *marks: str) -> str:
+        """The worker's log lines that hold any of ``marks``."""
+        return "\n".join(line for line in self.log.splitlines() if any(m in line for m in marks))
+
+
+async def _run(
+    stack: Settings,
+    client: Client,
+    model: str,
+    tmp_path: Path,
+    *,
+    drain_timeout: float,
+    max_tokens: int,
+) -> Drained:
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(ROWS)))
+    spec = JobSpec(
+        job_id=f"drain-{uuid.uuid4().hex[:8]}",
+        inputs=[str(source)],
+        messages=[ChatMessage(role="user", content="Tell me about {{ n }}.")],
+        model=model,
+        sampling=SamplingSpec(max_tokens=max_tokens, temperature=1.0),
+        dedup=False,  # every item its own engine request: requests - items = redone
+        shard_size=SHARD,
+        max_concurrent_shards=2,
+        output_uri=f"file://{tmp_path / 'out'}",
+    )
+    async with cpu_worker(stack, client=client):
+        return await _drain_mid_job(stack, client, spec, tmp_path, drain_timeout=drain_timeout)
+
+
+async def _drain_mid_job(
+    stack: Settings, client: Client, spec: JobSpec, tmp_path: Path, *, drain_timeout: float
+) -> Drained:
+    model = spec.model
+    ready = tmp_path / "ready"
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
+    first_log, second_log = tmp_path / "gpu-1.log", tmp_path / "gpu-2.log"
+    args = ("--drain-timeout", str(drain_timeout), "--max-in-flight", str(MAX_IN_FLIGHT))
+    first = gpu_worker_process(
+        stack.model_copy(update={"ready_file": ready}), model, first_log, *args
+    )
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        await wait_for_pollers(client, [stack.gpu_task_queue(model)], procs=[first], within_s=300)
+        handle, _ = await start_job(client, spec, settings=stack)
+        await until_done(pool, spec.job_id, ROWS // 6, in_flight=True)
+        engine = psutil.Process(first.pid).children(recursive=True)
+        ready_while_running = ready.exists()
+        at_signal = (await ledger.jobs.job_counts(pool, job_id=spec.job_id)).succeeded
+        signalled = time.monotonic()
+        first.send_signal(signal.SIGTERM)  # the worker only, as Kubernetes does
+        exit_code = await asyncio.to_thread(first.wait, drain_timeout + 60)
+        drain_s = time.monotonic() - signalled
+        ready_at_exit = ready.exists()
+        at_exit = (await ledger.jobs.job_counts(pool, job_id=spec.job_id)).succeeded
+        _, alive = psutil.wait_procs(engine, timeout=10)
+        second = gpu_worker_process(stack, model, second_log)
+        summary = await asyncio.wait_for(job_result(handle), 900)
+        assert (summary.items_succeeded, summary.items_dead) == (ROWS, 0)
+        rows = await items_by_id(pool, spec.job_id)
+        usage = await ledger.usage.usage(pool, job_id=spec.job_id)
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                stop_worker(proc)
+        await pool.close()
+    output: dict[str, str] = {}
+    for part in sorted((tmp_path / "out" / spec.job_id).glob("part-*.jsonl")):
+        for line in part.read_text().split("\n")[:-1]:
+            row = json.loads(line)
+            assert row["item_id"] not in output, f"{row['item_id']} written twice"
+            output[row["item_id"]] = row["text"]
+    return Drained(
+        exit_code=exit_code,
+        drain_s=drain_s,
+        succeeded_at_signal=at_signal,
+        succeeded_at_exit=at_exit,
+        engine_requests=usage.engine_requests,
+        rows=rows,
+        output=output,
+        log=first_log.read_text(),
+        ready_while_running=ready_while_running,
+        ready_at_exit=ready_at_exit,
+        engine_children_left=[p.pid for p in alive],
+    )
+
+
+def _check_every_item_once(run: Drained) -> None:
+    assert len(run.rows) == ROWS and {r["status"] for r in run.rows.values()} == {"succeeded"}
+    assert run.output == {i: r["result"]["text"] for i, r in run.rows.items()}
+    # The stop cost no item an attempt: what was given back was not counted.
+    assert {r["attempt"] for r in run.rows.values()} == {1}
+    assert run.exit_code == 0, run.log[-3000:]
+    assert run.engine_children_left == []
+    assert "drained in" in run.log
+    assert "gpu worker cold start: " in run.log
+    assert "items given back" in run.log
+    assert run.ready_while_running and not run.ready_at_exit
+
+
+@pytest.fixture
+def own_model(tiny_model_path: Path, tmp_path: Path) -> str:
+    # A model path of its own: a GPU queue only this test's worker processes poll.
+    return str(shutil.copytree(tiny_model_path, tmp_path / "tiny-drain"))
+
+
+async def test_drain_covering_the_work_in_flight_redoes_nothing(
+    stack: Settings, temporal_client: Client, own_model: str, tmp_path: Path
+) -> None:
+    run = await _run(stack, temporal_client, own_model, tmp_path, drain_timeout=90, max_tokens=16)
+    _check_every_item_once(run)
+    redone = run.engine_requests - ROWS
+    print(
+        f"\ndrain with time to spare: {run.succeeded_at_signal} done at SIGTERM, "
+        f"{run.succeeded_at_exit} when the worker exited {run.drain_s:.1f} s later "
+        f"(exit {run.exit_code}); engine requests {run.engine_requests} for {ROWS} items, "
+        f"{redone} redone\n{run.lines('cold start', 'drain')}"
+    )
+    # Results kept arriving after the signal: the requests in flight finished.
+    assert run.succeeded_at_exit > run.succeeded_at_signal
+    assert run.drain_s < 90
+    assert "aborted" not in run.log
+    assert redone == 0
+
+
+async def test_drain_shorter_than_the_work_in_flight_aborts_and_loses_nothing(
+    stack: Settings, temporal_client: Client, own_model: str, tmp_path: Path
+) -> None:
+    drain_timeout = 1.0
+    run = await _run(
+        stack,
+        temporal_client,
+        own_model,
+        tmp_path,
+        drain_timeout=drain_timeout,
+        max_tokens=192,
+    )
+    _check_every_item_once(run)
+    redone = run.engine_requests - ROWS
+    print(
+        f"\ndrain cut short ({drain_timeout:g} s): {run.succeeded_at_signal} done at "
+        f"SIGTERM, {run.succeeded_at_exit} at exit {run.drain_s:.1f} s later "
+        f"(exit {run.exit_code}); engine requests {run.engine_requests} for {ROWS} items, "
+        f"{redone} redone\n{run.lines('drain')}"
+    )
+    assert "aborted at the drain deadline" in run.log
+    # Within the grace: the drain timeout, the engine's shutdown and Python's exit.
+    assert run.drain_s < drain_timeout + 30
+    assert redone > 0

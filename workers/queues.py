@@ -1,0 +1,43 @@
+"""The engine queues' backlog, read from Temporal and the ledger together: for
+``llm-batch queues`` and for the gauges the CPU worker exports."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from temporalio.client import Client
+
+from llmbatch.client.queues import QueueBacklog, QueueGauges, engine_queues
+from llmbatch.config import Settings
+from llmbatch.ledger.backlog import unfinished_by_model
+from llmbatch.ledger.db import Database
+from llmbatch.ledger.served_models import served_models
+
+log = logging.getLogger(__name__)
+
+# How often the CPU worker refreshes the gauges (KEDA polls every 30 s by default).
+EXPORT_EVERY_S = 30.0
+
+
+async def read_queues(client: Client, db: Database, settings: Settings) -> list[QueueBacklog]:
+    """Every known engine queue: Temporal's stats beside the ledger's unfinished items."""
+    served = [(s.task_queue, s.model, s.task) for s in await served_models(db)]
+    return await engine_queues(
+        client, settings, served=served, unfinished=await unfinished_by_model(db)
+    )
+
+
+async def export_gauges(
+    client: Client, db: Database, settings: Settings, *, every_s: float = EXPORT_EVERY_S
+) -> None:
+    """Refresh the gauges every ``every_s`` until cancelled (run by the CPU worker)."""
+    gauges = QueueGauges()
+    while True:
+        started = time.monotonic()
+        try:
+            gauges.record(await read_queues(client, db, settings))
+        except Exception as exc:  # a metric gap, never a worker failure
+            log.warning("queue gauges not refreshed: %s", exc)
+        await asyncio.sleep(max(every_s - (time.monotonic() - started), 1.0))

@@ -1,0 +1,54 @@
+"""A worker's cold start, measured and told: its phases and their seconds, and a
+ready file for Kubernetes' readiness probe.
+
+Scaling from zero costs a job one cold start per new pod; the worker prints where
+that time goes (Python and vLLM imports, the service checks, the engine load, which
+includes weight loading and vLLM's compile or graph capture, the worker start), so
+operators can see what a compile cache or a faster load format saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import psutil
+
+
+class ColdStart:
+    """Phases since the process started (its creation time, so imports count)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._started = psutil.Process().create_time()
+        self._last = self._started
+        self.phases: list[tuple[str, float]] = []
+
+    def phase(self, label: str) -> None:
+        """Close the phase that ends now, named ``label``."""
+        now = time.time()
+        self.phases.append((label, now - self._last))
+        self._last = now
+
+    @property
+    def total_s(self) -> float:
+        return self._last - self._started
+
+    def report(self) -> str:
+        parts = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in self.phases)
+        return f"{self._name} cold start: {parts}; polling {self.total_s:.1f} s after launch"
+
+
+def mark_ready(path: Path | None) -> None:
+    """Write the ready file (the engine is loaded and the worker polls)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{time.time():.0f}\n")
+
+
+def clear_ready(path: Path | None) -> None:
+    """Remove the ready file (the worker drains or stops)."""
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
