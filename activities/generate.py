@@ -33,13 +33,14 @@ from llmbatch.dedup import cache_key, request_key
 from llmbatch.engine import (
     EmbeddingRequest,
     EmbeddingResult,
-    Engine,
     EngineDeadError,
     EngineUsage,
     GenerationRequest,
     GenerationResult,
 )
+from llmbatch.engine_interface import EndpointRefusedError, InferenceEngine
 from llmbatch.records import StagedRequest, load_jsonl
+from llmbatch.remote.pause import pause_job
 from llmbatch.vectors import StagedVectors
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class GenerateActivities:
     def __init__(
         self,
         ctx: ActivityContext,
-        engine: Engine,
+        engine: InferenceEngine,
         *,
         max_in_flight: int,
         on_engine_dead: Callable[[BaseException], None] | None = None,
@@ -183,6 +184,14 @@ class GenerateActivities:
             # requests by now; keep what came back, give back the rest.
             await asyncio.shield(_give_back(self._ctx, recorder, job_id, lease, claimed))
             raise
+        except EndpointRefusedError as exc:
+            # Every item would fail the same way (a wrong key, a model the endpoint
+            # does not serve): pause the job, give its items back, and let Temporal
+            # retry this attempt, which waits while the job is paused.
+            await asyncio.shield(_refused(self._ctx, recorder, job_id, lease, claimed, exc))
+            raise ApplicationError(
+                f"{exc}; job {job_id} paused", type=FailureType.ENDPOINT_REFUSED
+            ) from None
         except EngineDeadError as exc:
             if self._on_engine_dead is not None:
                 self._on_engine_dead(exc)
@@ -202,7 +211,7 @@ class GenerateActivities:
         """Refuse a shard for another model than the one loaded, before touching any
         item: queue names are derived from the model, but anything can start an
         activity on any queue, and a job must never run on a model it did not name."""
-        served = self._engine.options.model
+        served = self._engine.model
         if input.spec.task is not self._task:
             raise ApplicationError(
                 f"{FailureType.WRONG_MODEL}: job {input.spec.job_id} is a {input.spec.task} "
@@ -238,6 +247,19 @@ async def _give_back(
         log.warning("attempt %s: items not released on cancel: %s", lease, exc)
         return
     log.info("attempt %s cancelled: %d unfinished items made pending again", lease, released)
+
+
+async def _refused(
+    ctx: ActivityContext,
+    recorder: _Recorder,
+    job_id: str,
+    lease: str,
+    claimed: set[str],
+    exc: EndpointRefusedError,
+) -> None:
+    log.error("job %s paused: %s", job_id, exc)
+    await pause_job(ctx.pool, job_id=job_id, reason=str(exc))
+    await _give_back(ctx, recorder, job_id, lease, claimed)
 
 
 class _PauseGate:
@@ -438,7 +460,7 @@ class _Recorder:
         todo: list[StagedRequest],
         *,
         usage: EngineUsage | None = None,
-        engine: Engine | None = None,
+        engine: InferenceEngine | None = None,
     ) -> None:
         self._ctx, self._input, self._lease = ctx, input, lease
         self._progress = progress
@@ -680,7 +702,7 @@ class _EmbedRecorder(_Recorder):
         todo: list[StagedRequest],
         *,
         usage: EngineUsage | None = None,
-        engine: Engine | None = None,
+        engine: InferenceEngine | None = None,
     ) -> None:
         super().__init__(ctx, input, lease, progress, todo, usage=usage, engine=engine)
         self._embedded: list[tuple[_Group, EmbeddingResult]] = []

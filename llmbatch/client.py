@@ -152,7 +152,12 @@ def job_search_attributes(spec: JobSpec) -> TypedSearchAttributes:
 
 
 async def model_has_worker(
-    client: Client, settings: Settings, model: str, *, task: Task = Task.GENERATE
+    client: Client,
+    settings: Settings,
+    model: str,
+    *,
+    task: Task = Task.GENERATE,
+    endpoint: str | None = None,
 ) -> bool:
     """Whether a GPU worker polls ``model``'s queue for ``task`` (Temporal's
     DescribeTaskQueue).
@@ -160,7 +165,7 @@ async def model_has_worker(
     Temporal lists a poller for a few minutes after its last poll, so a worker that
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
     """
-    return await queue_has_pollers(client, settings.gpu_task_queue(model, task))
+    return await queue_has_pollers(client, settings.gpu_task_queue(model, task, endpoint=endpoint))
 
 
 async def queue_has_pollers(client: Client, task_queue: str) -> bool:

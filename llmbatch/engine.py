@@ -512,6 +512,11 @@ class Engine:
         return engine
 
     @property
+    def model(self) -> str:
+        """The model loaded, as jobs name it (see llmbatch.engine_interface)."""
+        return self.options.model
+
+    @property
     def max_model_len(self) -> int:
         """The context length in tokens (prompt plus generated)."""
         return self._max_model_len

@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.fixtures.tls",
     "tests.fixtures.api_server",
     "tests.fixtures.embed_worker",
+    "tests.fixtures.openai_server",
 ]

@@ -103,7 +103,14 @@ async def _submit(
 ) -> None:
     await check_inputs(spec, settings)
     client = await connect(settings)
-    await _check_worker(client, spec.model, settings, require=require_worker, task=spec.task)
+    await _check_worker(
+        client,
+        spec.model,
+        settings,
+        require=require_worker,
+        task=spec.task,
+        endpoint=spec.remote_endpoint,
+    )
     handle, started = await start_job(client, spec, settings=settings)
     if not started and not attach:
         await _refuse_other_spec(client, spec)
@@ -120,17 +127,28 @@ async def _submit(
 
 
 async def _check_worker(
-    client: Client, model: str, settings: Settings, *, require: bool, task: Task = Task.GENERATE
+    client: Client,
+    model: str,
+    settings: Settings,
+    *,
+    require: bool,
+    task: Task = Task.GENERATE,
+    endpoint: str | None = None,
 ) -> None:
     """A job for a model nobody serves would wait for a worker: say so before it starts."""
-    if await model_has_worker(client, settings, model, task=task):
+    if await model_has_worker(client, settings, model, task=task, endpoint=endpoint):
         return
-    queue = settings.gpu_task_queue(model, task)
+    queue = settings.gpu_task_queue(model, task, endpoint=endpoint)
     if require:
         flag = f" --task {task}" if task is not Task.GENERATE else ""
+        start = (
+            f"llm-batch worker remote --endpoint {endpoint} --model {model}{flag}"
+            if endpoint is not None
+            else f"llm-batch worker gpu --model {model}{flag}"
+        )
         raise CliError(
             f"no worker serves model {model} (task queue {queue}); start one with "
-            f"'llm-batch worker gpu --model {model}{flag}', or submit without --require-worker"
+            f"'{start}', or submit without --require-worker"
         )
     # Submitted anyway: a worker may be on its way (autoscaling, a restart).
     limit = format_duration(settings.generate_schedule_to_start.total_seconds())
@@ -160,12 +178,16 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     # The job's workflow cannot see pollers, so the CLI asks Temporal itself.
     waiting = False
     task = Task.GENERATE
+    endpoint: str | None = None
     if p.state == JobState.RUNNING:
         client = await connect(settings)
         # The task names the queue (an embed job waits on an embedding worker's).
         spec = await started_spec(client, job_id)
         task = spec.task if spec is not None else Task.GENERATE
-        waiting = not await model_has_worker(client, settings, p.model, task=task)
+        endpoint = spec.remote_endpoint if spec is not None else None
+        waiting = not await model_has_worker(
+            client, settings, p.model, task=task, endpoint=endpoint
+        )
     if as_json:
         data = p.model_dump(mode="json")
         data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
@@ -177,7 +199,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     if waiting:
         out.print(
             f"  [yellow]waiting for a worker serving {escape(p.model)}[/yellow]: none polls "
-            f"task queue {settings.gpu_task_queue(p.model, task)}",
+            f"task queue {settings.gpu_task_queue(p.model, task, endpoint=endpoint)}",
             highlight=False,
         )
     out.print(f"  shards: {p.shards_done}/{p.shards_total} done, running {p.shards_running}")
@@ -187,6 +209,12 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     )
     out.print(f"  tokens: {p.tokens.prompt} prompt, {p.tokens.completion} completion")
     out.print(f"  results: {usage_line(p.usage)}")
+    from llmbatch.remote.status import job_lines
+
+    for line in await job_lines(
+        settings.postgres_dsn.get_secret_value(), job_id, items_done=p.items_done
+    ):
+        out.print(f"  {escape(line)}", highlight=False)
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
     out.print(f"  web ui: {job_url(settings, job_id)}")
 

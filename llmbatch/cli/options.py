@@ -35,6 +35,13 @@ class JobOptions:
 
     inputs: Annotated[list[str], typer.Option("--input", "-i", help="Input URI or path; repeat.")]
     model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")]
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on this remote endpoint (llm-batch endpoint add); --model is then the "
+            "name the endpoint serves it under."
+        ),
+    ] = None
     output: Annotated[
         str | None, typer.Option(help="Output URI; default s3://<bucket>/results.")
     ] = None
@@ -141,6 +148,7 @@ class JobOptions:
             ("priority", self.priority),
             ("tenant", self.tenant),
             ("tenant_weight", self.tenant_weight),
+            ("remote_endpoint", self.endpoint),
         ]
         for key, value in options:
             if value is not None:

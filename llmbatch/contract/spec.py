@@ -29,6 +29,9 @@ from llmbatch.contract.priority import (
 # its workflow id. No "/" (shard workflows are "<job>/shard-<n>"), no spaces.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
+# Endpoint names (llm-batch endpoint add): readable in task queue names, no "/".
+ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
 # The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
 # validation (run in workflows, which may not import I/O code) needs them too;
 # format detection imports them from here, so the two never disagree.
@@ -242,6 +245,13 @@ class JobSpec(_Strict):
         default=None, description="Embed jobs' options (default: EmbedSpec())."
     )
     model: str = Field(min_length=1)
+    remote_endpoint: str | None = Field(
+        default=None,
+        pattern=ENDPOINT_NAME_PATTERN,
+        description="Run on a remote OpenAI-compatible endpoint declared with "
+        "'llm-batch endpoint add' (served by 'llm-batch worker remote --endpoint NAME'); "
+        "unset: on GPU workers that load the model.",
+    )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     shard_size: int = Field(default=1000, ge=1, le=100_000)
     max_concurrent_shards: int = Field(default=4, ge=1, le=500)

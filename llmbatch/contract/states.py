@@ -102,3 +102,6 @@ class FailureType(enum.StrEnum):
     REDRIVE_RUNNING = "RedriveRunning"
     INVALID_REDRIVE = "InvalidRedrive"
     WRONG_MODEL = "WrongModel"
+    # A remote endpoint refused the job's requests (a wrong API key, a model it does
+    # not serve): the job is paused, its items pending, the attempt retried.
+    ENDPOINT_REFUSED = "EndpointRefused"

@@ -1,0 +1,182 @@
+"""Jobs on a real OpenAI-compatible server (vLLM's own) behind a real gateway (nginx),
+run by ``llm-batch worker remote`` processes: every item exactly once in the output,
+refused rows dead-lettered, a revoked key pausing the job, and the API key nowhere."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+import pytest
+from temporalio.client import Client
+
+from llmbatch.client import start_job
+from llmbatch.config import Settings
+from llmbatch.contract.messages import JobProgress
+from llmbatch.contract.names import PROGRESS_QUERY, RESUME_UPDATE
+from llmbatch.demo import wait_for_pollers
+from llmbatch.remote.usage import job_usage
+from tests.fixtures.openai_server import (
+    CANARY_KEY,
+    Gateway,
+    OpenAIServer,
+    remote_worker_process,
+)
+from tests.fixtures.worker_processes import job_result, stop_worker
+from tests.remote.conftest import KEY_ENV, add_endpoint, cli, job, output_ids
+
+# A text far past the tiny model's 512-token context: the server refuses it (400).
+TOO_LONG = "word " * 700
+
+
+async def _until(done: Callable[[], bool], *, within_s: float = 120) -> None:
+    for _ in range(int(within_s / 0.2)):
+        if done():
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError("not reached in time")
+
+
+async def _canary_in_ledger(pool: asyncpg.Pool) -> list[str]:
+    """Every table of the ledger whose rows, as text, hold the canary key."""
+    tables = await pool.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    found = []
+    for t in tables:
+        name = t["tablename"]
+        hit = await pool.fetchval(
+            f'SELECT count(*) FROM "{name}" x WHERE x::text LIKE $1',
+            f"%{CANARY_KEY}%",
+        )
+        if hit:
+            found.append(name)
+    return found
+
+
+async def _canary_in_history(client: Client, workflow_ids: list[str]) -> list[str]:
+    found = []
+    for wid in workflow_ids:
+        history = await client.get_workflow_handle(wid).fetch_history()
+        if CANARY_KEY in history.to_json():
+            found.append(wid)
+    return found
+
+
+async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    settings = cpu_only
+    endpoint = add_endpoint(
+        settings, gateway.base_url, "--rpm", "6000", "--input-price", "1.5",
+        "--output-price", "2",
+    )  # fmt: skip
+    rows = [
+        {"id": f"r{i}", "text": TOO_LONG if i % 20 == 7 else f"Say something about {i}."}
+        for i in range(60)
+    ]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
+    spec = spec.model_copy(update={"id_field": "id"})
+    queue = settings.gpu_task_queue(spec.model, endpoint=endpoint)
+    log = tmp_path / "remote.log"
+    worker = remote_worker_process(settings, endpoint, log, env={KEY_ENV: CANARY_KEY})
+    try:
+        await wait_for_pollers(temporal_client, [queue], procs=[worker], within_s=180)
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        summary = await asyncio.wait_for(job_result(handle), 300)
+        status = cli(settings, "status", spec.job_id)
+        shown = cli(settings, "endpoint", "show", endpoint)
+    finally:
+        stop_worker(worker)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (60, 57, 3)
+    ids = output_ids(tmp_path, spec.job_id)
+    assert sorted(ids) == sorted(r["id"] for r in rows)
+    dead = await pool.fetch(
+        "SELECT item_id, error_class, error_message FROM items "
+        "WHERE job_id = $1 AND status = 'dead' ORDER BY item_id",
+        spec.job_id,
+    )
+    assert [d["item_id"] for d in dead] == ["r27", "r47", "r7"]
+    assert {d["error_class"] for d in dead} == {"PromptTooLong"}
+    assert all("maximum context length" in d["error_message"] for d in dead)
+    assert all(len(d["error_message"]) <= 320 for d in dead)  # cut short, never a row
+    # Each item reached the endpoint once: no failures, nothing to send again.
+    sent = gateway.requests("/chat/completions")
+    assert len(sent) == 60 and {s for _, s in sent} == {200, 400}
+    usage = await job_usage(pool, job_id=spec.job_id)
+    assert len(usage) == 1 and usage[0].requests == 60 and usage[0].throttled == 0
+    assert usage[0].prompt_tokens > 0 and usage[0].completion_tokens == 57 * 8
+    expected = (usage[0].prompt_tokens * 1.5 + usage[0].completion_tokens * 2) / 1e6
+    assert usage[0].cost_usd == pytest.approx(expected)
+    assert shown.returncode == 0 and "60 requests sent" in shown.stdout, shown.stdout
+    assert status.returncode == 0 and "endpoint" in status.stdout, status.stdout
+    # The key: in no log, ledger row, history or output.
+    assert CANARY_KEY not in log.read_text()
+    assert CANARY_KEY not in status.stdout + shown.stdout
+    assert await _canary_in_ledger(pool) == []
+    shard_ids = [f"{spec.job_id}/shard-{n:05d}" for n in range(3)]
+    assert await _canary_in_history(temporal_client, [spec.job_id, *shard_ids]) == []
+    for part in (tmp_path / "out").rglob("*"):
+        if part.is_file():
+            assert CANARY_KEY not in part.read_text(errors="replace")
+
+
+async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    settings = cpu_only
+    endpoint = add_endpoint(settings, gateway.base_url, "--rpm", "600", "--max-concurrency", "4")
+    rows = [{"text": f"Count to {i}."} for i in range(150)]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=50)
+    queue = settings.gpu_task_queue(spec.model, endpoint=endpoint)
+    worker = remote_worker_process(
+        settings, endpoint, tmp_path / "remote.log", env={KEY_ENV: CANARY_KEY}
+    )
+    try:
+        await wait_for_pollers(temporal_client, [queue], procs=[worker], within_s=180)
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        await _until(lambda: len(gateway.requests("/chat/completions")) >= 20)
+        gateway.reload(key="sk-the-key-was-rotated")  # the worker's key is refused now
+        revoked_at = time.monotonic()
+        progress = JobProgress(job_id=spec.job_id, model=spec.model)
+        while time.monotonic() - revoked_at < 30:
+            progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+            if progress.paused:
+                break
+            await asyncio.sleep(0.5)
+        paused_after = time.monotonic() - revoked_at
+        assert progress.paused, "the job was not paused within 30 s of the key's revocation"
+        status = cli(settings, "status", spec.job_id)
+        await asyncio.sleep(3)  # nothing more is sent while paused
+        refused = [s for _, s in gateway.requests("/chat/completions") if s == 401]
+        counts = await pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE status = 'dead') AS dead, "
+            "count(*) FILTER (WHERE status = 'succeeded') AS ok FROM items WHERE job_id = $1",
+            spec.job_id,
+        )
+        gateway.reload(key=CANARY_KEY)  # fixed
+        await handle.execute_update(RESUME_UPDATE)
+        summary = await asyncio.wait_for(job_result(handle), 300)
+    finally:
+        stop_worker(worker)
+    assert paused_after < 15
+    assert counts["dead"] == 0 and counts["ok"] < 150
+    # Only what was in flight when the key was refused (4 per worker) got 401s.
+    assert 0 < len(refused) <= 4 * 3
+    lines = [line for line in status.stdout.splitlines() if "HTTP 401" in line]
+    assert len(lines) == 1 and "resume" in lines[0], status.stdout
+    assert (summary.items_succeeded, summary.items_dead) == (150, 0)
+    ids = output_ids(tmp_path, spec.job_id)
+    assert len(ids) == 150 and len(set(ids)) == 150
