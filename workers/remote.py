@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from llmbatch.contract.spec import Task
 from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
+from llmbatch.remote.pause import pause_workflow
 from llmbatch.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
@@ -108,7 +110,12 @@ async def run_remote_worker(
         ctx = ActivityContext(settings=settings, pool=pool)
         workers: list[Worker] = []
         for model in served:
-            engine = await RemoteEngine.start(endpoint, model, pool=pool)
+            engine = await RemoteEngine.start(
+                endpoint,
+                model,
+                pool=pool,
+                on_capped=functools.partial(_pause_capped, client),
+            )
             engines.append(engine)
             workers.append(
                 build_remote_worker(
@@ -140,6 +147,10 @@ async def run_remote_worker(
                 await engine.close()
         await pool.close()
     return 0
+
+
+async def _pause_capped(client: Client, job_id: str) -> None:
+    await pause_workflow(client, job_id=job_id)
 
 
 def _advertised(

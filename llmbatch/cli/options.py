@@ -42,6 +42,13 @@ class JobOptions:
             "name the endpoint serves it under."
         ),
     ] = None
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            help="With --endpoint: pause the job when its cost at the endpoint's prices "
+            "reaches this many USD."
+        ),
+    ] = None
     output: Annotated[
         str | None, typer.Option(help="Output URI; default s3://<bucket>/results.")
     ] = None
@@ -149,6 +156,7 @@ class JobOptions:
             ("tenant", self.tenant),
             ("tenant_weight", self.tenant_weight),
             ("remote_endpoint", self.endpoint),
+            ("max_cost_usd", self.max_cost),
         ]
         for key, value in options:
             if value is not None:

@@ -252,6 +252,12 @@ class JobSpec(_Strict):
         "'llm-batch endpoint add' (served by 'llm-batch worker remote --endpoint NAME'); "
         "unset: on GPU workers that load the model.",
     )
+    max_cost_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="Remote endpoints: pause the job (never fail it) when what its requests "
+        "cost at the endpoint's prices reaches this many USD; resume goes on past it.",
+    )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     shard_size: int = Field(default=1000, ge=1, le=100_000)
     max_concurrent_shards: int = Field(default=4, ge=1, le=500)

@@ -54,15 +54,15 @@ WITH e AS (
     SELECT e.*, blocked_until > now_ AS blocked,
            -- Additive increase, not while the endpoint asked us to wait.
            CASE WHEN blocked_until > now_ THEN send_factor
-                ELSE least(1.0, send_factor + $8::float8 * elapsed) END AS factor
+                ELSE least(1.0, send_factor + $6::float8 * elapsed) END AS factor
       FROM e
 ), r AS (
     SELECT f.*, rpm / 60.0 * factor AS req_rate, tpm / 60.0 * factor AS tok_rate FROM f
 ), lv AS (
     SELECT r.*,
-           CASE WHEN rpm IS NULL THEN 0.0 ELSE least(greatest(1.0, req_rate * $9::float8),
+           CASE WHEN rpm IS NULL THEN 0.0 ELSE least(greatest(1.0, req_rate * $7::float8),
                 req_level + elapsed * req_rate + $4::float8) END AS req_now,
-           CASE WHEN tpm IS NULL THEN 0.0 ELSE least(greatest(1.0, tok_rate * $9::float8),
+           CASE WHEN tpm IS NULL THEN 0.0 ELSE least(greatest(1.0, tok_rate * $7::float8),
                 tok_level + elapsed * tok_rate + $5::float8) END AS tok_now
       FROM r
 ), g AS (
@@ -83,9 +83,7 @@ UPDATE endpoints en
    SET req_level = h.req_now - CASE WHEN h.rpm IS NULL THEN 0 ELSE h.req_grant END,
        tok_level = h.tok_now - CASE WHEN h.tpm IS NULL THEN 0.0 ELSE h.tok_grant END,
        refilled_at = h.now_,
-       send_factor = h.factor,
-       requests_sent = en.requests_sent + $6::bigint,
-       retries = en.retries + $7::bigint
+       send_factor = h.factor
   FROM h
  WHERE en.name = h.name
 RETURNING h.req_grant, h.tok_grant, h.req_rate::float8 AS req_rate,
@@ -135,12 +133,9 @@ async def lease(
     tokens: float,
     give_back_requests: float = 0.0,
     give_back_tokens: float = 0.0,
-    sent: int = 0,
-    retries: int = 0,
 ) -> Grant:
     """Take up to ``requests`` request credits and ``tokens`` token credits from the
-    endpoint's shared buckets (all or no tokens), giving back unspent ones; ``sent``
-    and ``retries`` are added to the endpoint's counters on the way."""
+    endpoint's shared buckets (all or no tokens), giving back unspent ones."""
     row = await pool.fetchrow(
         _LEASE_SQL,
         endpoint,
@@ -148,8 +143,6 @@ async def lease(
         tokens,
         give_back_requests,
         give_back_tokens,
-        sent,
-        retries,
         INCREASE_PER_S,
         BURST_S,
     )
@@ -196,8 +189,6 @@ class Budget:
         self._tokens = 0.0
         self._credit_at = 0.0
         self._give_back_tokens = 0.0
-        self._sent = 0
-        self._retries = 0
         self._lock = asyncio.Lock()
         self._next_send = 0.0
         self.request_rate: float | None = None if rpm is None else rpm / 60.0
@@ -210,16 +201,12 @@ class Budget:
         """A response's usage: the difference to its estimate goes back to the row."""
         self._give_back_tokens += estimated - actual
 
-    def retried(self) -> None:
-        self._retries += 1
-
     async def acquire(self, tokens: float) -> None:
         started = time.monotonic()
         async with self._lock:  # one lease at a time; requests queue here in order
             await self._wait_blocked()
             if self.limited:
                 await self._take(tokens)
-            self._sent += 1
             # Pace: the next request of this process no sooner than 1/rate from now.
             now = time.monotonic()
             if self.request_rate:
@@ -260,11 +247,8 @@ class Budget:
                 tokens=want_tok,
                 give_back_requests=give_req,
                 give_back_tokens=give_tok + self._give_back_tokens,
-                sent=self._sent,
-                retries=self._retries,
             )
             self._give_back_tokens = 0.0
-            self._sent = self._retries = 0
             self.request_rate, self.token_rate = grant.request_rate, grant.token_rate
             self.factor = grant.factor
             self._requests += grant.requests
@@ -300,7 +284,5 @@ class Budget:
                 tokens=0.0,
                 give_back_requests=self._requests,
                 give_back_tokens=self._tokens + self._give_back_tokens,
-                sent=self._sent,
-                retries=self._retries,
             )
         self._requests = self._tokens = 0.0

@@ -21,7 +21,7 @@ import functools
 import logging
 import struct
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,7 @@ class RemoteEngine:
         transport: Transport,
         kind: ServerKind,
         tokenizer: Any = None,
+        on_capped: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._model = model
@@ -83,7 +84,7 @@ class RemoteEngine:
         self._kind = kind
         self._tokenizer = tokenizer
         self.budget = Budget(pool, endpoint.name, rpm=endpoint.rpm, tpm=endpoint.tpm)
-        self.usage_book = UsageBook(pool, endpoint)
+        self.usage_book = UsageBook(pool, endpoint, on_capped=on_capped)
         self._slots = asyncio.Semaphore(endpoint.max_concurrency)
         # Answers from the endpoint's model: the cache keys them by endpoint and model
         # (a provider may change what a model name answers: see the docs).
@@ -93,7 +94,13 @@ class RemoteEngine:
 
     @classmethod
     async def start(
-        cls, endpoint: Endpoint, model: str, *, pool: Database, tokenizer: Any = None
+        cls,
+        endpoint: Endpoint,
+        model: str,
+        *,
+        pool: Database,
+        tokenizer: Any = None,
+        on_capped: Callable[[str], Awaitable[None]] | None = None,
     ) -> RemoteEngine:
         """Connect, and check the key and the model with ``GET /v1/models``: a wrong
         key or model fails here, in one line, before any job's item is touched."""
@@ -130,6 +137,7 @@ class RemoteEngine:
             transport=transport,
             kind=ServerKind(vllm=vllm),
             tokenizer=tokenizer if tokenizer is not None else _load_tokenizer(model),
+            on_capped=on_capped,
         )
         engine.usage_book.start()
         return engine
@@ -245,7 +253,6 @@ class RemoteEngine:
             else:
                 return answer
             attempt += 1
-            self.budget.retried()
             self.usage_book.retried(job)
             await asyncio.sleep(wait)
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 
 from temporalio import activity
+from temporalio.client import Client
 
 from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.ledger import Database
@@ -31,12 +32,17 @@ async def pause_job(pool: Database, *, job_id: str, reason: str) -> None:
         reason,
     )
     with contextlib.suppress(RuntimeError):  # outside an activity: the flag alone holds it
-        client = activity.client()
-        try:
-            handle = client.get_workflow_handle(job_id)
-            await asyncio.wait_for(handle.execute_update(PAUSE_UPDATE), UPDATE_TIMEOUT_S)
-        except Exception as exc:  # the ledger flag holds the job anyway
-            log.warning("job %s: pause update not applied: %s", job_id, exc)
+        await pause_workflow(activity.client(), job_id=job_id)
+
+
+async def pause_workflow(client: Client, *, job_id: str) -> None:
+    """The job's own pause update: its workflow starts no further shard and shows
+    ``paused``; failures are logged (the ledger flag holds the job anyway)."""
+    try:
+        handle = client.get_workflow_handle(job_id)
+        await asyncio.wait_for(handle.execute_update(PAUSE_UPDATE), UPDATE_TIMEOUT_S)
+    except Exception as exc:
+        log.warning("job %s: pause update not applied: %s", job_id, exc)
 
 
 async def paused_reason(pool: Database, *, job_id: str) -> str | None:

@@ -65,7 +65,8 @@ async def job_lines(dsn: str, job_id: str, *, items_done: int) -> list[str]:
         await pool.close()
     lines = []
     if reason is not None:
-        lines.append(f"paused by llm-batch: {reason}; fix it, then: llm-batch resume {job_id}")
+        how = "to go on past it" if reason.startswith("cost cap") else "once fixed"
+        lines.append(f"paused by llm-batch: {reason}; {how}: llm-batch resume {job_id}")
     for u in usage:
         per_item = f", ${u.cost_usd / items_done:.6f} per item" if items_done else ""
         lines.append(

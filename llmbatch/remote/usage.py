@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmbatch.ledger import Database
@@ -16,6 +17,27 @@ from llmbatch.remote.endpoints import Endpoint
 log = logging.getLogger(__name__)
 
 FLUSH_EVERY_S = 1.0
+
+# Jobs of this flush whose cost on all endpoints reached their spec's max_cost_usd:
+# paused, with the reason, once (a job resumed after it goes on past the cap).
+_CAP_SQL = """
+WITH cost AS (
+    SELECT job_id, sum(cost_usd) AS usd FROM endpoint_usage
+     WHERE job_id = ANY($1::text[]) GROUP BY job_id
+)
+UPDATE jobs j
+   SET paused = true,
+       paused_reason = format('cost cap reached: $%s spent of max_cost_usd $%s',
+                              round(cost.usd::numeric, 4), j.spec->>'max_cost_usd'),
+       updated_at = now()
+  FROM cost
+ WHERE j.job_id = cost.job_id
+   AND j.spec->>'max_cost_usd' IS NOT NULL
+   AND cost.usd >= (j.spec->>'max_cost_usd')::float8
+   AND NOT j.paused
+   AND coalesce(j.paused_reason, '') NOT LIKE 'cost cap reached%'
+RETURNING j.job_id, j.paused_reason
+"""
 
 
 @dataclass(slots=True)
@@ -41,8 +63,17 @@ class EndpointUsage:
 
 
 class UsageBook:
-    def __init__(self, pool: Database, endpoint: Endpoint) -> None:
+    def __init__(
+        self,
+        pool: Database,
+        endpoint: Endpoint,
+        *,
+        on_capped: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         self._pool, self._endpoint = pool, endpoint
+        # Told the id of each job this book paused at its max_cost_usd (to pause its
+        # workflow too, as `llm-batch pause` does).
+        self._on_capped = on_capped
         self._counts: dict[str, _Counts] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -84,6 +115,11 @@ class UsageBook:
         try:
             await self._pool.execute(
                 """
+                WITH totals AS (
+                    UPDATE endpoints SET requests_sent = requests_sent + $10::bigint,
+                                         retries = retries + $11::bigint
+                     WHERE name = $1
+                )
                 INSERT INTO endpoint_usage AS u (job_id, endpoint, requests, throttled, retries,
                                                  prompt_tokens, completion_tokens, cost_usd)
                 SELECT job_id, $1, r, t, x, p, c, p * $8::float8 / 1e6 + c * $9::float8 / 1e6
@@ -107,7 +143,10 @@ class UsageBook:
                 [counts[j].completion for j in jobs],
                 float(self._endpoint.input_price or 0.0),
                 float(self._endpoint.output_price or 0.0),
+                sum(c.requests for c in counts.values()),
+                sum(c.retries for c in counts.values()),
             )
+            capped = await self._pool.fetch(_CAP_SQL, jobs)
         except BaseException:
             for job, c in counts.items():  # keep them for the next flush
                 mine = self._of(job)
@@ -117,6 +156,10 @@ class UsageBook:
                 mine.prompt += c.prompt
                 mine.completion += c.completion
             raise
+        for row in capped:
+            log.warning("job %s paused: %s", row["job_id"], row["paused_reason"])
+            if self._on_capped is not None:
+                await self._on_capped(row["job_id"])
 
     async def stop(self) -> None:
         if self._task is not None:

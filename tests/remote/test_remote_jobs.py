@@ -90,10 +90,10 @@ async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
         await wait_for_pollers(temporal_client, [queue], procs=[worker], within_s=180)
         handle, _ = await start_job(temporal_client, spec, settings=settings)
         summary = await asyncio.wait_for(job_result(handle), 300)
-        status = cli(settings, "status", spec.job_id)
-        shown = cli(settings, "endpoint", "show", endpoint)
     finally:
-        stop_worker(worker)
+        stop_worker(worker)  # a clean stop records the worker's last counts
+    status = cli(settings, "status", spec.job_id)
+    shown = cli(settings, "endpoint", "show", endpoint)
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (60, 57, 3)
     ids = output_ids(tmp_path, spec.job_id)
@@ -176,7 +176,55 @@ async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
     # Only what was in flight when the key was refused (4 per worker) got 401s.
     assert 0 < len(refused) <= 4 * 3
     lines = [line for line in status.stdout.splitlines() if "HTTP 401" in line]
-    assert len(lines) == 1 and "resume" in lines[0], status.stdout
+    assert len(lines) == 1 and "resume" in lines[0], status.stdout + status.stderr
     assert (summary.items_succeeded, summary.items_dead) == (150, 0)
     ids = output_ids(tmp_path, spec.job_id)
     assert len(ids) == 150 and len(set(ids)) == 150
+
+
+async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    settings = cpu_only
+    # 8 completion tokens at $2,000 per million: $0.016 an item (and the prompt's).
+    endpoint = add_endpoint(
+        settings, gateway.base_url, "--output-price", "2000", "--max-concurrency", "2"
+    )
+    rows = [{"text": f"Name {i}."} for i in range(80)]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
+    spec = spec.model_copy(update={"max_cost_usd": 0.3})
+    queue = settings.gpu_task_queue(spec.model, endpoint=endpoint)
+    worker = remote_worker_process(
+        settings, endpoint, tmp_path / "remote.log", env={KEY_ENV: CANARY_KEY}
+    )
+    try:
+        await wait_for_pollers(temporal_client, [queue], procs=[worker], within_s=180)
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        progress = JobProgress(job_id=spec.job_id, model=spec.model)
+        for _ in range(240):
+            progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+            if progress.paused:
+                break
+            await asyncio.sleep(0.5)
+        assert progress.paused, "the job was not paused at its cost cap"
+        status = cli(settings, "status", spec.job_id)
+        spent = await pool.fetchval(
+            "SELECT cost_usd FROM endpoint_usage WHERE job_id = $1", spec.job_id
+        )
+        await handle.execute_update(RESUME_UPDATE)
+        summary = await asyncio.wait_for(job_result(handle), 300)
+    finally:
+        stop_worker(worker)
+    lines = [line for line in status.stdout.splitlines() if "cost cap reached" in line]
+    assert len(lines) == 1 and f"llm-batch resume {spec.job_id}" in lines[0], (
+        status.stdout + status.stderr
+    )
+    # Paused within a second's flush of the cap (two requests in flight at a time).
+    assert 0.3 <= spent < 0.3 + 0.1
+    assert (summary.items_succeeded, summary.items_dead) == (80, 0)
+    assert len(set(output_ids(tmp_path, spec.job_id))) == 80
