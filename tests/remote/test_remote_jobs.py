@@ -158,7 +158,8 @@ async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
             await asyncio.sleep(0.5)
         paused_after = time.monotonic() - revoked_at
         assert progress.paused, "the job was not paused within 30 s of the key's revocation"
-        status = cli(settings, "status", spec.job_id)
+        # In a thread: this process's CPU worker answers the status query meanwhile.
+        status = await asyncio.to_thread(cli, settings, "status", spec.job_id)
         await asyncio.sleep(3)  # nothing more is sent while paused
         refused = [s for _, s in gateway.requests("/chat/completions") if s == 401]
         counts = await pool.fetchrow(
@@ -212,7 +213,8 @@ async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
                 break
             await asyncio.sleep(0.5)
         assert progress.paused, "the job was not paused at its cost cap"
-        status = cli(settings, "status", spec.job_id)
+        # In a thread: this process's CPU worker answers the status query meanwhile.
+        status = await asyncio.to_thread(cli, settings, "status", spec.job_id)
         spent = await pool.fetchval(
             "SELECT cost_usd FROM endpoint_usage WHERE job_id = $1", spec.job_id
         )
