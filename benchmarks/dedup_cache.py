@@ -37,10 +37,12 @@ from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack, isolated_settings
 from llmbatch.tiny_model import build_tiny_model
 
-# The engine options of both sides (on CPU, --gpu-memory-utilization is a share of RAM).
+# The KV cache in bytes (256 sequences of 512 tokens need ~270 MB with the tiny model):
+# on CPU a --gpu-memory-utilization share is of one memory node, which on some machines
+# holds a fraction of the RAM, so a share that works on one machine fails on another.
 ENGINE_ARGS = [
     "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
-    "--gpu-memory-utilization", "0.3",
+    "--kv-cache-memory-bytes", str(512 << 20),
 ]  # fmt: skip
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

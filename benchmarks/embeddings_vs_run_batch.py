@@ -44,7 +44,6 @@ from llmbatch.engine import cpu_engine_env
 from llmbatch.tiny_model import build_tiny_model
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
-# On CPU, --gpu-memory-utilization is the share of RAM (vLLM's default 0.92 fails here).
 ENGINE_ARGS = [
     "--runner", "pooling", "--convert", "embed", "--dtype", "float32",
     "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",

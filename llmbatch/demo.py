@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch.config import Settings
+from llmbatch.devstack.process import LoggedProcess
 
 INDUSTRIES = [
     "Law Firm",
@@ -119,19 +120,18 @@ def customers_csv(rows: int, *, seed: int = 7) -> bytes:
 @contextmanager
 def worker_processes(
     settings: Settings, model: str, *, log_dir: Path, gpu_args: list[str] | None = None
-) -> Iterator[list[subprocess.Popen[bytes]]]:
+) -> Iterator[list[LoggedProcess]]:
     """Run ``llm-batch worker cpu`` and ``llm-batch worker gpu`` as child processes."""
     log_dir.mkdir(parents=True, exist_ok=True)
     exe = [sys.executable, "-m", "llmbatch.cli.main", "worker"]
     env = {**os.environ, **settings_env(settings)}
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[LoggedProcess] = []
     try:
         for name, args in (
             ("cpu", ["cpu"]),
             ("gpu", ["gpu", "--model", model, *(gpu_args or [])]),
         ):
-            log = open(log_dir / f"worker-{name}.log", "ab")
-            procs.append(subprocess.Popen([*exe, *args], stdout=log, stderr=log, env=env))
+            procs.append(LoggedProcess([*exe, *args], log=log_dir / f"worker-{name}.log", env=env))
         yield procs
     finally:
         for proc in procs:
@@ -166,9 +166,10 @@ _TRANSIENT = (
 
 
 async def wait_for_pollers(
-    client: Client, task_queues: list[str], *, procs: list[subprocess.Popen[bytes]], within_s: float
+    client: Client, task_queues: list[str], *, procs: Sequence[LoggedProcess], within_s: float
 ) -> None:
-    """Wait until every task queue is polled by one of ``procs``; fail fast if one exits.
+    """Wait until every task queue is polled by one of ``procs``; fail fast if one exits,
+    with the last lines of its log (the cause, where a bare exit code says nothing).
 
     Temporal remembers pollers for minutes after they go, so a poller counts only if
     its identity (``<pid>@<host>``, the SDK's default) names one of our processes.
@@ -183,7 +184,7 @@ async def wait_for_pollers(
     while pending:
         for proc in procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"worker {proc.args!r} exited with {proc.returncode}")
+                raise RuntimeError(f"worker {proc.exit_message()}")
         queue = pending[0]
         try:
             response = await client.workflow_service.describe_task_queue(

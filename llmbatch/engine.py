@@ -65,6 +65,7 @@ __all__ = [
     "Engine",
     "EngineArgumentError",
     "EngineDeadError",
+    "EngineMemoryError",
     "EngineOptions",
     "EngineUsage",
     "GenerationRequest",
@@ -79,7 +80,16 @@ log = logging.getLogger(__name__)
 
 # What vLLM uses on CPU when the caller does not say (see EngineOptions).
 CPU_DTYPE = "float32"
-CPU_MEMORY_SHARE = 0.3
+# On CPU, with neither --kv-cache-memory-bytes nor --gpu-memory-utilization given, the
+# KV cache gets this share of what the engine's memory node has free at start (see
+# cpu_kv_cache_bytes), within these bounds.
+CPU_KV_SHARE = 0.4
+CPU_KV_MIN_BYTES = 64 << 20
+CPU_KV_MAX_BYTES = 64 << 30
+# What an engine process holds on CPU before its KV cache, beside the weights (torch,
+# vLLM, oneDNN; 0.68 GiB measured with the tiny model): a --gpu-memory-utilization
+# share smaller than this plus the weights leaves the KV cache nothing.
+CPU_ENGINE_OVERHEAD_BYTES = 768 << 20
 
 # Distinct sampling specs whose vLLM params (and JSON schema validator) are kept.
 PREPARED_CACHE_SIZE = 256
@@ -169,9 +179,12 @@ class EngineOptions(BaseModel):
     argument left out keeps vLLM's default, except on vLLM's CPU platform
     (``current_platform.is_cpu()``), where the defaults are what the CPU build needs:
     dtype ``float32`` when ``auto``, eager mode always (no CUDA graphs there), and
-    ``gpu_memory_utilization`` 0.3 when neither it nor ``kv_cache_memory_bytes`` is
-    given; on CPU it is the share of RAM the engine's worker may use, the KV cache
-    getting what the model leaves of it.
+    and, when neither ``kv_cache_memory_bytes`` nor ``gpu_memory_utilization`` is
+    given, a KV cache sized from the memory node the engine is bound to
+    (:func:`cpu_kv_cache_bytes`). On CPU ``gpu_memory_utilization`` is a share of that
+    node's memory (not of the machine's) for the whole engine process, the KV cache
+    getting what the process leaves of it; :func:`check_cpu_memory` refuses settings
+    vLLM would refuse, in one line, before the model loads.
 
     The model is a field of its own: llm-batch needs it too (the GPU task queue is
     named after it).
@@ -259,8 +272,92 @@ class EngineOptions(BaseModel):
             if values.get("kv_cache_memory_bytes") is None and (
                 values.get("gpu_memory_utilization") is None
             ):
-                values["gpu_memory_utilization"] = CPU_MEMORY_SHARE
+                values["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(cpu_memory_node())
         return AsyncEngineArgs(**values)
+
+
+class EngineMemoryError(EngineArgumentError):
+    """The engine's memory settings do not fit the machine; one line naming what was
+    asked, what the memory node has and which option to change."""
+
+
+@dataclass(frozen=True)
+class MemoryNode:
+    """The memory node vLLM's CPU worker binds its engine to, as vLLM reads it."""
+
+    node: int
+    total_bytes: int
+    available_bytes: int
+
+
+def cpu_memory_node() -> MemoryNode:
+    """The node of the first CPU the engine may run on, read with vLLM's own helpers:
+    vLLM binds the engine's memory there and sizes its share from that node alone (on
+    some machines node 0 holds 11 or even 3.6 of 24 GiB)."""
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    node = int(get_allowed_cpu_list()[0].numa_node)
+    info = get_memory_node_info(node)
+    return MemoryNode(node, int(info.total_memory), int(info.available_memory))
+
+
+def cpu_kv_cache_bytes(memory: MemoryNode) -> int:
+    """A KV cache that fits ``memory``: a share of what the node has free now, within
+    bounds. The rest stays for the engine process itself and for whatever else runs
+    on the node (another worker, Postgres)."""
+    share = int(memory.available_bytes * CPU_KV_SHARE)
+    return max(CPU_KV_MIN_BYTES, min(CPU_KV_MAX_BYTES, share))
+
+
+def check_cpu_memory(args: AsyncEngineArgs, memory: MemoryNode) -> None:
+    """Refuse, in one line, the memory settings vLLM's CPU worker would refuse with a
+    traceback after loading the model: a KV cache larger than the node has free, a
+    share larger than the node has free, or a share too small to hold the engine
+    process and its weights (vLLM's "negative KV cache")."""
+    gib = 1 << 30
+    node = (
+        f"memory node {memory.node} has {memory.available_bytes / gib:.2f} GiB free "
+        f"of {memory.total_bytes / gib:.2f} GiB"
+    )
+    kv = args.kv_cache_memory_bytes
+    if kv is not None:
+        if kv > memory.available_bytes:
+            raise EngineMemoryError(
+                f"the engine asks for a {kv / gib:.2f} GiB KV cache (--kv-cache-memory-bytes) "
+                f"but {node}: give a smaller --kv-cache-memory-bytes, or leave it out to "
+                "size the cache from the node"
+            )
+        return
+    share = float(args.gpu_memory_utilization)
+    asked = share * memory.total_bytes
+    needed = CPU_ENGINE_OVERHEAD_BYTES + _weights_bytes(args.model)
+    if asked > memory.available_bytes:
+        problem = "more than the node has free"
+    elif asked <= needed:
+        problem = (
+            f"less than the engine process needs before its KV cache "
+            f"(about {needed / gib:.2f} GiB), so no KV cache would fit"
+        )
+    else:
+        return
+    raise EngineMemoryError(
+        f"--gpu-memory-utilization {share:g} asks for {asked / gib:.2f} GiB on CPU (a share "
+        f"of memory node {memory.node}, not of the machine), {problem}; {node}: give "
+        "--kv-cache-memory-bytes (e.g. 512M) instead, or leave both out to size the KV "
+        "cache from the node"
+    )
+
+
+def _weights_bytes(model: str) -> int:
+    """The size of a local model folder's weight files (0 for a hub id: unknown here)."""
+    folder = os.path.expanduser(model)
+    if not os.path.isdir(folder):
+        return 0
+    return sum(
+        entry.stat().st_size
+        for entry in os.scandir(folder)
+        if entry.is_file() and entry.name.endswith((".safetensors", ".bin", ".pt", ".gguf"))
+    )
 
 
 def engine_args_help(keyword: str) -> str:
@@ -492,8 +589,17 @@ class Engine:
         if added:
             log.info("environment of the engine processes: %s", added)
         # vLLM starts its engine processes here, from this one: they inherit os.environ.
+        args = options.to_engine_args()
+        if on_cpu():
+            check_cpu_memory(args, cpu_memory_node())
+        log.info(
+            "KV cache: %s",
+            f"{args.kv_cache_memory_bytes / (1 << 30):.2f} GiB"
+            if args.kv_cache_memory_bytes is not None
+            else f"what a {args.gpu_memory_utilization:g} share of memory leaves",
+        )
         with _environ(added):
-            llm = AsyncLLM.from_engine_args(options.to_engine_args())
+            llm = AsyncLLM.from_engine_args(args)
         # vLLM's own tokenizer: the prompt we count is exactly the prompt it runs.
         engine = cls(llm, llm.get_tokenizer(), options)
         from llmbatch.dedup import weights_fingerprint

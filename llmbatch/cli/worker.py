@@ -25,7 +25,9 @@ ENGINE_ARGS_HELP = (
     "--max-num-seqs 256 --dtype bfloat16 --tensor-parallel-size 2 "
     "--gpu-memory-utilization 0.9 --enable-prefix-caching --quantization awq "
     "--kv-cache-memory-bytes 8G (or --config engine.yaml). Left out: vLLM's default "
-    "(on CPU: float32, eager, 0.3 of RAM). See them with --engine-help."
+    "(on CPU: float32, eager, and a KV cache of 40% of what the engine's memory node has "
+    "free; --gpu-memory-utilization is a share of that node there). See them with "
+    "--engine-help."
 )
 
 
@@ -108,6 +110,7 @@ def gpu(
     except EngineArgumentError as exc:
         raise fail(str(exc)) from None
 
+    from llmbatch.engine import EngineMemoryError
     from workers import gpu as gpu_worker
 
     try:
@@ -118,7 +121,7 @@ def gpu(
             max_in_flight=max_in_flight,
             task=task,
         )
-    except (StartupCheckFailed, ConnectionLost) as exc:
+    except (StartupCheckFailed, ConnectionLost, EngineMemoryError) as exc:
         raise fail(str(exc)) from None
 
 

@@ -20,6 +20,36 @@ GRPC_OFFSET = 10000
 _HIGHEST_PICK = 65535 - GRPC_OFFSET
 
 
+class LoggedProcess(subprocess.Popen[bytes]):
+    """A child process whose output goes to ``log``, so that when it dies early its
+    last lines can say why (a worker that refused its options, an engine that did not
+    fit): ``exit_message`` is what a caller waiting on it raises with."""
+
+    def __init__(
+        self, args: Sequence[str], *, log: Path, env: dict[str, str], new_session: bool = False
+    ) -> None:
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            super().__init__(
+                list(args),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                # A group of its own: a signal to the group reaches its children too.
+                start_new_session=new_session,
+            )
+
+    def exit_message(self, lines: int = 15) -> str:
+        """The exit code and the last ``lines`` lines of the log."""
+        try:
+            tail = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            tail = []
+        shown = "\n".join(f"    {line}" for line in tail)
+        return f"{self.args!r} exited with {self.returncode}; last lines of {self.log}:\n{shown}"
+
+
 class DevStackError(RuntimeError):
     """A part of the embedded stack failed; the message is one line naming part and log."""
 

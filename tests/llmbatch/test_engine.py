@@ -9,6 +9,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -18,12 +19,20 @@ from vllm.sampling_params import RequestOutputKind
 
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.engine import (
+    CPU_KV_MAX_BYTES,
+    CPU_KV_MIN_BYTES,
+    CPU_KV_SHARE,
     Engine,
     EngineArgumentError,
+    EngineMemoryError,
     EngineOptions,
     GenerationRequest,
     GenerationResult,
+    MemoryNode,
+    check_cpu_memory,
     cpu_engine_env,
+    cpu_kv_cache_bytes,
+    cpu_memory_node,
     engine_args_help,
     on_cpu,
     sampling_params,
@@ -87,7 +96,11 @@ def test_engine_args_pass_only_what_is_set() -> None:
 def test_cpu_defaults_apply_only_on_cpu() -> None:
     assert on_cpu()  # these machines have no GPU
     args = EngineOptions(model="m").to_engine_args()
-    assert (args.dtype, args.enforce_eager, args.gpu_memory_utilization) == ("float32", True, 0.3)
+    assert (args.dtype, args.enforce_eager) == ("float32", True)
+    # Neither a share nor a size given: a KV cache that fits the engine's memory node.
+    node = cpu_memory_node()
+    assert args.kv_cache_memory_bytes == cpu_kv_cache_bytes(node)
+    assert 0 < args.kv_cache_memory_bytes <= max(node.available_bytes, CPU_KV_MIN_BYTES)
     chosen = EngineOptions(
         model="m",
         engine_args={
@@ -423,3 +436,39 @@ async def test_throughput_of_short_chat_requests(engine: Engine) -> None:
         f"\n{count} short chat requests (16 tokens, 512 in flight) in {elapsed:.2f} s: "
         f"{count / elapsed:.0f} req/s, {tokens / elapsed:.0f} generated tokens/s"
     )
+
+
+def test_the_cpu_kv_cache_is_a_share_of_the_nodes_free_memory_within_bounds() -> None:
+    gib = 1 << 30
+    assert cpu_kv_cache_bytes(MemoryNode(0, 11 * gib, 9 * gib)) == int(9 * gib * CPU_KV_SHARE)
+    assert cpu_kv_cache_bytes(MemoryNode(0, 1 * gib, 10 << 20)) == CPU_KV_MIN_BYTES
+    assert cpu_kv_cache_bytes(MemoryNode(0, 2048 * gib, 1024 * gib)) == CPU_KV_MAX_BYTES
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "says"),
+    [
+        # What the fresh machine did: 0.05 of an 11 GiB node is less than the engine needs.
+        ({"gpu_memory_utilization": 0.05}, "no KV cache would fit"),
+        ({"gpu_memory_utilization": 0.95}, "more than the node has free"),
+        ({"kv_cache_memory_bytes": 10 << 30}, "give a smaller --kv-cache-memory-bytes"),
+    ],
+)
+def test_memory_settings_that_do_not_fit_the_node_are_refused_in_one_line(
+    engine_args: dict[str, Any], says: str
+) -> None:
+    gib = 1 << 30
+    node = MemoryNode(0, 11 * gib, 9 * gib)
+    args = EngineOptions(model="m", engine_args=engine_args).to_engine_args()
+    with pytest.raises(EngineMemoryError) as refused:
+        check_cpu_memory(args, node)
+    message = str(refused.value)
+    assert says in message and "\n" not in message
+    assert "memory node 0 has 9.00 GiB free of 11.00 GiB" in message
+
+
+def test_memory_settings_that_fit_pass() -> None:
+    gib = 1 << 30
+    node = MemoryNode(0, 11 * gib, 9 * gib)
+    for engine_args in ({"gpu_memory_utilization": 0.3}, {"kv_cache_memory_bytes": 512 << 20}):
+        check_cpu_memory(EngineOptions(model="m", engine_args=engine_args).to_engine_args(), node)

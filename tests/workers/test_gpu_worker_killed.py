@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +26,7 @@ from llmbatch.client import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.process import LoggedProcess
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     job_result,
@@ -80,7 +80,7 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
     )
     pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
     first = gpu_worker_process(stack, model, tmp_path / "gpu-1.log")
-    second: subprocess.Popen[bytes] | None = None
+    second: LoggedProcess | None = None
     try:
         await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=300)
         handle, _ = await start_job(temporal_client, spec, settings=stack)

@@ -181,3 +181,30 @@ async def test_cpu_worker_that_loses_temporal_stops_with_one_line(stack: Setting
         ["worker", "cpu"], proc.returncode, (first + stdout).decode(), stderr.decode()
     )
     assert_one_line(done, time.monotonic() - began, "cpu worker stopped", "Temporal")
+
+
+def test_gpu_worker_whose_engine_does_not_fit_its_memory_node_stops_with_one_line(
+    stack: Settings, tiny_model_path: Path
+) -> None:
+    """On CPU a memory share is of the engine's memory node, and 0.01 of any node is
+    less than the engine process needs: vLLM would load the model and then fail with a
+    traceback about a negative KV cache. The worker says what was asked, what the node
+    has and which option to change, in one line, before the model loads."""
+    env = {**os.environ, **settings_env(stack)}
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "llmbatch.cli.main", "worker", "gpu",
+         "--model", str(tiny_model_path), "--max-model-len", "128",
+         "--gpu-memory-utilization", "0.01"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: --gpu-memory-utilization 0.01 asks for"), line
+    for fragment in ("of memory node", "GiB free of", "--kv-cache-memory-bytes"):
+        assert fragment in line, line
+    assert "polling" not in done.stdout
+    # Refused before the model loaded: no engine process was started.
+    assert "EngineCore" not in done.stdout + done.stderr
+    assert time.monotonic() - began < 120
