@@ -40,7 +40,7 @@ from llmbatch.client import connect, start_job  # noqa: E402
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec  # noqa: E402
 from llmbatch.demo import settings_env, wait_for_pollers  # noqa: E402
 from llmbatch.devstack import DevStack  # noqa: E402
-from llmbatch.devstack.process import free_port  # noqa: E402
+from llmbatch.devstack.process import LoggedProcess, free_port  # noqa: E402
 from llmbatch.devstack.stack import isolated_settings  # noqa: E402
 from llmbatch.remote.endpoints import EndpointConfig, add_endpoint  # noqa: E402
 from llmbatch.tiny_model import build_tiny_model  # noqa: E402
@@ -231,8 +231,7 @@ def workers(settings: Any, endpoint: str, log_dir: Path, concurrency: int) -> li
         ("cpu", ["cpu"]),
         ("remote", ["remote", "--endpoint", endpoint, "--max-in-flight", str(concurrency)]),
     ):
-        log = open(log_dir / f"{name}-{endpoint}.log", "ab")
-        procs.append(subprocess.Popen([*exe, *args], stdout=log, stderr=log, env=env))
+        procs.append(LoggedProcess([*exe, *args], log=log_dir / f"{name}-{endpoint}.log", env=env))
     return procs
 
 
