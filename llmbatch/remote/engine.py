@@ -351,33 +351,26 @@ class RemoteEngine:
             latency_ms=(time.perf_counter() - started) * 1000.0,
         )
 
-    async def generate_many(
+    def generate_many(
         self,
         requests: AsyncIterable[GenerationRequest] | Iterable[GenerationRequest],
         *,
         max_in_flight: int,
         usage: EngineUsage | None = None,
     ) -> AsyncGenerator[GenerationResult, None]:
-        results = _run_many(
-            functools.partial(self.generate, usage=usage), requests, max_in_flight=max_in_flight
-        )
-        async with contextlib.aclosing(results):
-            async for result in results:
-                yield result
+        # The in-process engine's bounded loop, on this engine's calls.
+        call = functools.partial(self.generate, usage=usage)
+        return _run_many(call, requests, max_in_flight=max_in_flight)
 
-    async def embed_many(
+    def embed_many(
         self,
         requests: AsyncIterable[EmbeddingRequest] | Iterable[EmbeddingRequest],
         *,
         max_in_flight: int,
         usage: EngineUsage | None = None,
     ) -> AsyncGenerator[EmbeddingResult, None]:
-        results = _run_many(
-            functools.partial(self.embed, usage=usage), requests, max_in_flight=max_in_flight
-        )
-        async with contextlib.aclosing(results):
-            async for result in results:
-                yield result
+        call = functools.partial(self.embed, usage=usage)
+        return _run_many(call, requests, max_in_flight=max_in_flight)
 
 
 def job_of(request_id: str) -> str:

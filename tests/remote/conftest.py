@@ -3,23 +3,30 @@ the workflows), endpoints declared through the CLI, jobs and what came out of th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest_asyncio
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from llmbatch import ledger
 from llmbatch.config import Settings
+from llmbatch.contract.messages import JobProgress
+from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import settings_env
+from llmbatch.demo import settings_env, wait_for_pollers
+from llmbatch.devstack.process import LoggedProcess
+from tests.fixtures.openai_server import CANARY_KEY, remote_worker_process
+from tests.fixtures.worker_processes import stop_worker
 from workers.cpu import cpu_worker
 
 KEY_ENV = "LLMBATCH_TEST_ENDPOINT_KEY"
@@ -97,3 +104,37 @@ def output_ids(tmp_path: Path, job_id: str) -> list[str]:
         for part in sorted((tmp_path / "out" / job_id).glob("part-*.jsonl"))
         for line in part.read_text().splitlines()
     ]
+
+
+@contextlib.asynccontextmanager
+async def remote_workers(
+    settings: Settings,
+    client: Client,
+    *,
+    endpoint: str,
+    model: str,
+    logs: Sequence[Path],
+) -> AsyncIterator[list[LoggedProcess]]:
+    """One ``llm-batch worker remote`` per log, with the canary key, polling before the
+    block starts and stopped after it."""
+    procs = [
+        remote_worker_process(settings, endpoint, log, env={KEY_ENV: CANARY_KEY}) for log in logs
+    ]
+    try:
+        queue = settings.gpu_task_queue(model, endpoint=endpoint)
+        await wait_for_pollers(client, [queue], procs=procs, within_s=180)
+        yield procs
+    finally:
+        for proc in procs:
+            stop_worker(proc)
+
+
+async def until_paused(handle: WorkflowHandle[Any, Any], *, within_s: float) -> JobProgress:
+    """The job's progress once it shows paused (or after ``within_s``)."""
+    progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+    for _ in range(int(within_s / 0.5)):
+        if progress.paused:
+            break
+        await asyncio.sleep(0.5)
+        progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+    return progress

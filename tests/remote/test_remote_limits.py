@@ -25,7 +25,7 @@ from llmbatch.demo import wait_for_pollers
 from llmbatch.remote import budget
 from tests.fixtures.openai_server import CANARY_KEY, Gateway, OpenAIServer, remote_worker_process
 from tests.fixtures.worker_processes import job_result, stop_worker, until_done
-from tests.remote.conftest import KEY_ENV, add_endpoint, job, output_ids
+from tests.remote.conftest import KEY_ENV, add_endpoint, job, output_ids, remote_workers
 
 
 def _max_in_window(times: list[float], window_s: float) -> int:
@@ -92,19 +92,16 @@ async def test_two_jobs_on_two_workers_share_the_endpoint_rpm(
         )
         for j in range(2)
     ]
-    queue = settings.gpu_task_queue(openai_server.model, endpoint=endpoint)
-    env = {KEY_ENV: CANARY_KEY}
-    procs = [
-        remote_worker_process(settings, endpoint, tmp_path / f"remote-{n}.log", env=env)
-        for n in range(2)
-    ]
+    logs = [tmp_path / f"remote-{n}.log" for n in range(2)]
     try:
-        await wait_for_pollers(temporal_client, [queue], procs=procs, within_s=180)
-        handles = [(await start_job(temporal_client, s, settings=settings))[0] for s in specs]
-        summaries = await asyncio.wait_for(asyncio.gather(*(job_result(h) for h in handles)), 300)
+        async with remote_workers(
+            settings, temporal_client, endpoint=endpoint, model=openai_server.model, logs=logs
+        ):
+            handles = [(await start_job(temporal_client, s, settings=settings))[0] for s in specs]
+            summaries = await asyncio.wait_for(
+                asyncio.gather(*(job_result(h) for h in handles)), 300
+            )
     finally:
-        for proc in procs:
-            stop_worker(proc)
         gateway.stop()
     for spec, summary in zip(specs, summaries, strict=True):
         assert (summary.items_succeeded, summary.items_dead) == (50, 0)
@@ -183,12 +180,10 @@ async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(
     endpoint = add_endpoint(settings, gateway.base_url, "--max-concurrency", "8", "--timeout", "5")
     rows = [{"text": f"Describe {i}."} for i in range(200)]
     spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=50)
-    queue = settings.gpu_task_queue(spec.model, endpoint=endpoint)
-    worker = remote_worker_process(
-        settings, endpoint, tmp_path / "remote.log", env={KEY_ENV: CANARY_KEY}
-    )
-    try:
-        await wait_for_pollers(temporal_client, [queue], procs=[worker], within_s=180)
+    logs = [tmp_path / "remote.log"]
+    async with remote_workers(
+        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
+    ):
         handle, _ = await start_job(temporal_client, spec, settings=settings)
         await until_done(pool, spec.job_id, 40)
         # The API server stops answering (its engine goes on): requests time out.
@@ -199,8 +194,6 @@ async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(
         finally:
             os.kill(openai_server.proc.pid, signal.SIGCONT)
         summary = await asyncio.wait_for(job_result(handle), 300)
-    finally:
-        stop_worker(worker)
     assert frozen.dead == 0 and frozen.succeeded < 200
     assert (summary.items_succeeded, summary.items_dead) == (200, 0)
     ids = output_ids(tmp_path, spec.job_id)
