@@ -265,82 +265,89 @@ async def run(args: argparse.Namespace) -> None:
         else:
             server, _url, port = start_server(model, work / "server.log")
         n, c, mt = args.requests, args.concurrency, args.max_tokens
+        parts = {int(p) for p in args.parts.split(",")}
         open_gw = Gateway(work / "gw-open", port, KEY).start()
         print(f"load average before: {os.getloadavg()}", flush=True)
 
-        print(f"\n1. client CPU per request ({args.cpu_requests} requests, concurrency {c}):")
-        for kind in ("openai", "httpx", "aiohttp"):
-            runs = [
-                await client_cpu(kind, open_gw.base_url, model, args.cpu_requests, c, mt)
-                for _ in range(args.repeats)
-            ]
-            cpu_ms = statistics.median(r[0] for r in runs)
-            wall = statistics.median(r[1] for r in runs)
-            print(
-                f"  {kind:8s} {cpu_ms:6.3f} ms CPU/request, {args.cpu_requests / wall:7.1f} req/s"
-            )
+        if 1 in parts:
+            print(f"\n1. client CPU per request ({args.cpu_requests} requests, concurrency {c}):")
+            for kind in ("openai", "httpx", "aiohttp"):
+                runs = [
+                    await client_cpu(kind, open_gw.base_url, model, args.cpu_requests, c, mt)
+                    for _ in range(args.repeats)
+                ]
+                cpu_ms = statistics.median(r[0] for r in runs)
+                wall = statistics.median(r[1] for r in runs)
+                print(
+                    f"  {kind:8s} {cpu_ms:6.3f} ms CPU/request, "
+                    f"{args.cpu_requests / wall:7.1f} req/s"
+                )
 
         pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
-        open_ep = f"open-{uuid.uuid4().hex[:6]}"
-        await add_endpoint(
-            pool,
-            EndpointConfig(name=open_ep, base_url=open_gw.base_url, api_key_env=KEY_ENV,
-                           max_concurrency=c),
-        )  # fmt: skip
         client = await connect(settings)
-        procs = workers(settings, open_ep, work / "logs", c)
-        queue = settings.gpu_task_queue(model, endpoint=open_ep)
-        print(f"\n2. no limit: {n} requests, concurrency {c}, {args.repeats} rounds:")
-        try:
-            await wait_for_pollers(
-                client, [settings.cpu_task_queue, queue], procs=procs, within_s=300
+        if 2 in parts:
+            open_ep = f"open-{uuid.uuid4().hex[:6]}"
+            await add_endpoint(
+                pool,
+                EndpointConfig(name=open_ep, base_url=open_gw.base_url, api_key_env=KEY_ENV,
+                               max_concurrency=c),
+            )  # fmt: skip
+            procs = workers(settings, open_ep, work / "logs", c)
+            queue = settings.gpu_task_queue(model, endpoint=open_ep)
+            print(f"\n2. no limit: {n} requests, concurrency {c}, {args.repeats} rounds:")
+            try:
+                await wait_for_pollers(
+                    client, [settings.cpu_task_queue, queue], procs=procs, within_s=300
+                )
+                plain, ours = [], []
+                for r in range(args.repeats):
+                    wall, failed = await plain_loop(open_gw.base_url, model, n, c, mt)
+                    plain.append(n / wall)
+                    job_s, ok, dead = await llm_batch_job(settings, open_ep, model, n, mt, work)
+                    ours.append(ok / job_s)
+                    print(f"  round {r + 1}: plain loop {n / wall:7.1f} items/s ({failed} "
+                          f"failed), llm-batch {ok / job_s:7.1f} items/s ({ok} ok, {dead} dead)",
+                          flush=True)  # fmt: skip
+            finally:
+                stop(procs)
+            p, o = statistics.median(plain), statistics.median(ours)
+            print(
+                f"  medians: plain loop {p:.1f} items/s, llm-batch {o:.1f} items/s, "
+                f"ratio {o / p:.2f}x"
             )
-            plain, ours = [], []
-            for r in range(args.repeats):
-                wall, failed = await plain_loop(open_gw.base_url, model, n, c, mt)
-                plain.append(n / wall)
-                job_s, ok, dead = await llm_batch_job(settings, open_ep, model, n, mt, work)
-                ours.append(ok / job_s)
-                print(f"  round {r + 1}: plain loop {n / wall:7.1f} items/s ({failed} "
-                      f"failed), llm-batch {ok / job_s:7.1f} items/s ({ok} ok, {dead} dead)",
-                      flush=True)  # fmt: skip
-        finally:
-            stop(procs)
-        p, o = statistics.median(plain), statistics.median(ours)
-        print(
-            f"  medians: plain loop {p:.1f} items/s, llm-batch {o:.1f} items/s, ratio {o / p:.2f}x"
-        )
 
-        rate, rn = args.rate, args.rate_requests
-        print(f"\n3. behind a gateway at {rate} requests/s (burst 5): {rn} requests")
-        gw_plain = Gateway(work / "gw-plain", port, KEY, rate=rate, burst=5).start()
-        wall, failed = await plain_loop(gw_plain.base_url, model, rn, c, mt)
-        r_plain, ok_plain, t_plain = rate_of(gw_plain)
-        gw_plain.stop()
-        print(f"  plain loop: {ok_plain} passed at {r_plain:.2f}/s, {t_plain} answered 429, "
-              f"{failed} items failed", flush=True)  # fmt: skip
-        gw_ours = Gateway(work / "gw-ours", port, KEY, rate=rate, burst=5).start()
-        limited = f"limited-{uuid.uuid4().hex[:6]}"
-        await add_endpoint(
-            pool,
-            EndpointConfig(name=limited, base_url=gw_ours.base_url, api_key_env=KEY_ENV,
-                           rpm=rate * 60, max_concurrency=c),
-        )  # fmt: skip
-        procs = workers(settings, limited, work / "logs", c)
-        try:
-            await wait_for_pollers(
-                client,
-                [settings.cpu_task_queue, settings.gpu_task_queue(model, endpoint=limited)],
-                procs=procs,
-                within_s=300,
-            )
-            job_s, ok, dead = await llm_batch_job(settings, limited, model, rn, mt, work)
-        finally:
-            stop(procs)
-        r_ours, ok_ours, t_ours = rate_of(gw_ours)
-        gw_ours.stop()
-        print(f"  llm-batch:  {ok_ours} passed at {r_ours:.2f}/s ({r_ours / rate:.2f} R), "
-              f"{t_ours} answered 429, {ok} succeeded, {dead} dead, job {job_s:.1f} s")  # fmt: skip
+        if 3 in parts:
+            rate, rn = args.rate, args.rate_requests
+            print(f"\n3. behind a gateway at {rate} requests/s (burst 5): {rn} requests")
+            gw_plain = Gateway(work / "gw-plain", port, KEY, rate=rate, burst=5).start()
+            wall, failed = await plain_loop(gw_plain.base_url, model, rn, c, mt)
+            r_plain, ok_plain, t_plain = rate_of(gw_plain)
+            gw_plain.stop()
+            print(f"  plain loop: {ok_plain} passed at {r_plain:.2f}/s, {t_plain} answered 429, "
+                  f"{failed} items failed", flush=True)  # fmt: skip
+            gw_ours = Gateway(work / "gw-ours", port, KEY, rate=rate, burst=5).start()
+            limited = f"limited-{uuid.uuid4().hex[:6]}"
+            await add_endpoint(
+                pool,
+                EndpointConfig(name=limited, base_url=gw_ours.base_url, api_key_env=KEY_ENV,
+                               rpm=rate * 60, max_concurrency=c),
+            )  # fmt: skip
+            procs = workers(settings, limited, work / "logs", c)
+            try:
+                await wait_for_pollers(
+                    client,
+                    [settings.cpu_task_queue, settings.gpu_task_queue(model, endpoint=limited)],
+                    procs=procs,
+                    within_s=300,
+                )
+                job_s, ok, dead = await llm_batch_job(settings, limited, model, rn, mt, work)
+            finally:
+                stop(procs)
+            r_ours, ok_ours, t_ours = rate_of(gw_ours)
+            gw_ours.stop()
+            print(f"  llm-batch:  {ok_ours} passed at {r_ours:.2f}/s ({r_ours / rate:.2f} R), "
+                  f"{t_ours} answered 429, {ok} succeeded, {dead} dead, "
+                  f"job {job_s:.1f} s")  # fmt: skip
         await pool.close()
         open_gw.stop()
         print(f"load average after: {os.getloadavg()}")
@@ -361,6 +368,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=20, help="gateway limit, requests/s")
     parser.add_argument("--rate-requests", type=int, default=600)
     parser.add_argument("--model", help="model path; default the tiny local model")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run, e.g. 3")
     parser.add_argument("--server-url", help="an OpenAI server already running on the model")
     asyncio.run(run(parser.parse_args()))
 
