@@ -36,7 +36,7 @@ RUN useradd --create-home --uid 10001 llmbatch \
 # llm-batch in its place. vLLM's CPU build pulls CUDA torchvision/torchaudio/torchcodec
 # that break transformers on a CPU-only torch; they go.
 # vLLM's CPU build gets tcmalloc, which the engine processes run on (cpu_engine_env in
-# llmbatch/engine.py): on glibc malloc an embedding job's model runner fragments.
+# llmbatch/engine/cpu.py): on glibc malloc an embedding job's model runner fragments.
 COPY --from=build /wheels /wheels
 RUN pip install "$(echo /wheels/llm_batch-*.whl)${LLMBATCH_EXTRA:+[$LLMBATCH_EXTRA]}" \
     && rm -rf /wheels \

@@ -15,9 +15,7 @@ from typing import IO, Any
 from temporalio import activity
 
 from activities.context import ActivityContext
-from llmbatch import formats, ledger, openai_batch
-from llmbatch.api import layout
-from llmbatch.api import records as api_records
+from llmbatch import formats, ledger
 from llmbatch.contract.messages import (
     ApiBatchEndInput,
     ApiBatchFiles,
@@ -27,7 +25,9 @@ from llmbatch.contract.messages import (
 from llmbatch.contract.names import FINISH_API_BATCH, SET_API_BATCH_STATUS
 from llmbatch.contract.spec import ApiEndpoint, JobSpec
 from llmbatch.contract.states import BatchStatus, ErrorClass, ItemStatus
-from llmbatch.vectors import read_vectors
+from llmbatch.formats import openai_batch
+from llmbatch.formats.vectors import read_vectors
+from llmbatch.ledger import api_layout, api_records
 
 # Custom ids looked up in the ledger per query while the files are assembled: memory
 # stays bounded by this, whatever the batch's size.
@@ -71,10 +71,10 @@ class ApiBatchActivities:
         error_class = _UNFINISHED.get(input.status)
         if error_class is not None:
             _, message = openai_batch.NEVER_RAN[error_class]
-            for shard in await ledger.planned_shards(pool, job_id=job_id):
+            for shard in await ledger.jobs.planned_shards(pool, job_id=job_id):
                 # Also stands in for the rows of shards that never started, so the
                 # job's counts hold every request.
-                await ledger.dead_letter_shard(
+                await ledger.dead_letters.dead_letter_shard(
                     pool, job_id=job_id, shard=shard, error_class=error_class, error_message=message
                 )
                 activity.heartbeat(shard)
@@ -122,7 +122,7 @@ class ApiBatchActivities:
                 chunk = await asyncio.to_thread(_take, ids, LOOKUP_BATCH)
                 if not chunk:
                     break
-                rows = await ledger.items_by_id(
+                rows = await ledger.items.items_by_id(
                     self._ctx.pool, job_id=spec.job_id, item_ids=[r.custom_id for r in chunk]
                 )
                 # An embeddings batch's vectors are staged objects: this chunk's only.
@@ -152,14 +152,14 @@ class ApiBatchActivities:
     async def _upload(self, bucket: str, f: IO[bytes]) -> tuple[str, str, int]:
         """Store a finished file as a new API file: (file id, object URI, bytes)."""
         f.flush()
-        file_id = layout.new_file_id()
-        uri = layout.file_uri(bucket, file_id)
+        file_id = api_layout.new_file_id()
+        uri = api_layout.file_uri(bucket, file_id)
         store = self._ctx.store(uri)
         await asyncio.to_thread(store.put_file, uri, Path(f.name))
         return file_id, uri, f.tell()
 
     async def _counts(self, job_id: str) -> ApiBatchFiles:
-        counts = await ledger.job_counts(self._ctx.pool, job_id=job_id)
+        counts = await ledger.jobs.job_counts(self._ctx.pool, job_id=job_id)
         return ApiBatchFiles(
             succeeded=counts.succeeded,
             failed=counts.total - counts.succeeded,
@@ -212,7 +212,7 @@ def _line(
     spec: JobSpec,
     ending: BatchStatus,
     request: _Request,
-    row: ledger.LedgerRow | None,
+    row: ledger.items.LedgerRow | None,
     vectors: list[bytes] | None,
 ) -> tuple[dict[str, Any], bool]:
     """The output line (True) or error line (False) of one request."""

@@ -14,19 +14,19 @@ import asyncpg
 from llmbatch import storage, telemetry
 from llmbatch.config import Settings
 from llmbatch.contract import uris
-from llmbatch.render_pool import RenderPool
+from llmbatch.rendering.pool import RenderPool
 
 
 @dataclass
 class ActivityContext:
     settings: Settings
     pool: asyncpg.Pool
-    store: storage.Stores = field(init=False)
+    store: storage.stores.Stores = field(init=False)
     renders: RenderPool = field(init=False)
 
     def __post_init__(self) -> None:
         # The store for a URI's scheme, created once per worker process.
-        self.store = storage.Stores(self.settings)
+        self.store = storage.stores.Stores(self.settings)
         # Render processes start on first use; whoever builds the context closes it.
         self.renders = RenderPool(self.settings.render_limits)
 

@@ -21,4 +21,6 @@ class ControlActivities:
     @activity.defn(name=SET_JOB_PAUSED)
     async def set_job_paused(self, input: JobPausedInput) -> bool:
         """Set the job's paused flag; False when the job has no ledger row yet."""
-        return await ledger.set_job_paused(self._ctx.pool, job_id=input.job_id, paused=input.paused)
+        return await ledger.jobs.set_job_paused(
+            self._ctx.pool, job_id=input.job_id, paused=input.paused
+        )

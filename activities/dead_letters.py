@@ -7,12 +7,11 @@ they still work while the object store is down — the case that kills shards.
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.common import WorkflowIDConflictPolicy
 
 from activities.context import ActivityContext
 from llmbatch import ledger, telemetry
+from llmbatch.client import dead_letters as dead_letter_client
 from llmbatch.contract.dead_letters import (
-    DeadLetterInput,
     FailShardInput,
     RequeueInput,
     RequeueResult,
@@ -20,14 +19,10 @@ from llmbatch.contract.dead_letters import (
 )
 from llmbatch.contract.messages import ShardCounts, ShardInput
 from llmbatch.contract.names import (
-    DEAD_LETTER_WORKFLOW,
-    DEAD_LETTERS_SIGNAL,
     FAIL_SHARD,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
-    dead_letter_workflow_id,
 )
-from llmbatch.contract.priority import task_priority
 from llmbatch.contract.states import ItemStatus
 
 # A report lists at most this many of a shard's dead items (all are counted): the
@@ -43,7 +38,7 @@ class DeadLetterActivities:
     @activity.defn(name=FAIL_SHARD)
     async def fail_shard(self, input: FailShardInput) -> ShardCounts:
         """Mark every unfinished item of a failed shard dead with the shard's reason."""
-        counts = await ledger.dead_letter_shard(
+        counts = await ledger.dead_letters.dead_letter_shard(
             self._ctx.pool,
             job_id=input.job_id,
             shard=input.shard,
@@ -60,7 +55,9 @@ class DeadLetterActivities:
         """Send the shard's dead items to the job's DeadLetterWorkflow, starting it if
         this is the first report (signal-with-start); return how many are dead."""
         job_id = input.spec.job_id
-        letters = await ledger.dead_items(self._ctx.pool, job_id=job_id, shard=input.shard)
+        letters = await ledger.dead_letters.dead_items(
+            self._ctx.pool, job_id=job_id, shard=input.shard
+        )
         report = ShardDeadLetters(shard=input.shard)
         for letter in letters:
             report.by_class[letter.error_class] = report.by_class.get(letter.error_class, 0) + 1
@@ -68,30 +65,15 @@ class DeadLetterActivities:
             d.model_copy(update={"message": d.message[:MESSAGE_CHARS]})
             for d in letters[:LISTED_PER_SHARD]
         ]
-        await activity.client().start_workflow(
-            DEAD_LETTER_WORKFLOW,
-            DeadLetterInput(
-                job_id=job_id,
-                spec=input.spec,
-                layout=input.layout,
-                gpu_task_queue=input.gpu_task_queue,
-                generate_schedule_to_start=input.generate_schedule_to_start,
-            ),
-            id=dead_letter_workflow_id(job_id),
-            task_queue=activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal=DEAD_LETTERS_SIGNAL,
-            start_signal_args=[report],
-            static_summary=f"dead letters of {job_id}",
-            # Its re-drives run the job's shards: at the job's priority, as its tenant.
-            priority=task_priority(input.spec),
+        await dead_letter_client.report_dead_letters(
+            activity.client(), input=input, report=report, task_queue=activity.info().task_queue
         )
         return len(letters)
 
     @activity.defn(name=REQUEUE_DEAD_LETTERS)
     async def requeue_dead_letters(self, input: RequeueInput) -> RequeueResult:
         """Make the selected dead items pending again, for a re-drive."""
-        requeued = await ledger.requeue_dead(
+        requeued = await ledger.dead_letters.requeue_dead(
             self._ctx.pool,
             job_id=input.job_id,
             item_ids=input.item_ids,

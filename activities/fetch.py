@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
 from llmbatch import formats, telemetry
 from llmbatch.contract.messages import FetchResult, ShardInput
 from llmbatch.contract.names import FETCH_SHARD
 from llmbatch.contract.spec import InputFormat
-from llmbatch.contract.states import ErrorClass
-from llmbatch.records import StagedRow, dump_jsonl
+from llmbatch.contract.states import ErrorClass, FailureType
+from llmbatch.formats.records import StagedRow, dump_jsonl
+from llmbatch.tables import jobs as tables
+from llmbatch.tables.connect import TableError
 
 
 class FetchActivities:
@@ -26,7 +30,7 @@ class FetchActivities:
         plan = formats.ShardPlan.model_validate_json(
             await self._ctx.read(layout.shard_plan(input.shard))
         )
-        store = self._ctx.store(plan.uri)
+        store = None if layout.input_format is InputFormat.TABLE else self._ctx.store(plan.uri)
         with telemetry.span(
             "fetch_shard.read_input",
             shard=input.shard,
@@ -34,19 +38,35 @@ class FetchActivities:
             # JSONL and CSV shards are byte ranges; Parquet shards row groups.
             bytes=plan.end - plan.start if plan.end else None,
         ) as span:
-            rows = await asyncio.to_thread(
-                _read_rows,
-                store,
-                plan,
-                layout.input_format,
-                id_field=input.spec.id_field,
-                max_row_bytes=input.spec.max_row_bytes,
-            )
+            if layout.input_format is InputFormat.TABLE:
+                rows = await _read_table_rows(
+                    self._ctx, plan, max_row_bytes=input.spec.max_row_bytes
+                )
+            else:
+                rows = await asyncio.to_thread(
+                    _read_rows,
+                    store,
+                    plan,
+                    layout.input_format,
+                    id_field=input.spec.id_field,
+                    max_row_bytes=input.spec.max_row_bytes,
+                )
             invalid = sum(r.fields is None for r in rows)
             span.set_attributes(telemetry.attrs(rows=len(rows), invalid_rows=invalid))
         await self._ctx.write(layout.shard_rows(input.shard), dump_jsonl(rows))
         telemetry.annotate(job_id=input.spec.job_id, shard=input.shard, rows=len(rows))
         return FetchResult(rows=len(rows), invalid=invalid)
+
+
+async def _read_table_rows(
+    ctx: ActivityContext, plan: formats.ShardPlan, *, max_row_bytes: int
+) -> list[StagedRow]:
+    """A table shard's rows, keyed by its key column."""
+    try:
+        rows = await tables.read_shard(plan, ctx.settings, max_row_bytes=max_row_bytes)
+    except TableError as exc:
+        raise ApplicationError(str(exc), type=FailureType.TABLE_ERROR, non_retryable=True) from exc
+    return _stage(rows, id_field=plan.id_field)
 
 
 def _read_rows(
@@ -59,9 +79,15 @@ def _read_rows(
 ) -> list[StagedRow]:
     if id_field is None and fmt is InputFormat.OPENAI:
         id_field = "custom_id"
+    rows = formats.read_shard(store, plan, fmt, max_row_bytes=max_row_bytes)  # type: ignore[arg-type]
+    return _stage(rows, id_field=id_field)
+
+
+def _stage(rows: Iterable[formats.SourceRow], *, id_field: str | None) -> list[StagedRow]:
+    """Rows with their item ids; a row without an id, or repeating one, is dead-lettered."""
     staged: list[StagedRow] = []
     seen: set[str] = set()
-    for row in formats.read_shard(store, plan, fmt, max_row_bytes=max_row_bytes):  # type: ignore[arg-type]
+    for row in rows:
         fallback_id = f"row-{row.ordinal}"
         if row.fields is None:
             staged.append(

@@ -10,8 +10,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import ledger, openai_batch, planning, storage
-from llmbatch.api import records as api_records
+from llmbatch import ledger, storage
 from llmbatch.contract.messages import (
     FinalizeInput,
     JobEndInput,
@@ -22,8 +21,12 @@ from llmbatch.contract.messages import (
     final_state,
 )
 from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
-from llmbatch.contract.spec import JobSpec, Task
-from llmbatch.contract.states import BatchStatus
+from llmbatch.contract.spec import InputFormat, JobSpec, Task
+from llmbatch.contract.states import BatchStatus, FailureType
+from llmbatch.dedup import leads
+from llmbatch.formats import ShardPlan, openai_batch, planning
+from llmbatch.ledger import api_records
+from llmbatch.tables import jobs as tables
 
 
 class _BatchInvalid(planning.InvalidJobSpec):
@@ -44,35 +47,37 @@ class PlanningActivities:
         try:
             if spec.api_batch is not None:
                 await self._validate_api_batch(spec)
-            info = await asyncio.to_thread(
-                planning.inspect_inputs, spec, self._ctx.store, self._ctx.settings.render_limits
-            )
-            shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
+            input_format, shards = await self._plan(spec)
         except _BatchInvalid as exc:
-            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
+            raise ApplicationError(
+                str(exc), type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            ) from exc
         except planning.InvalidJobSpec as exc:
             if spec.api_batch is not None:
                 await self._fail_api_batch(
-                    spec, [openai_batch.BatchError(openai_batch.INVALID_REQUEST, str(exc))]
+                    spec,
+                    [openai_batch.BatchError(code=openai_batch.INVALID_REQUEST, message=str(exc))],
                 )
-            raise ApplicationError(str(exc), type="InvalidJobSpec", non_retryable=True) from exc
+            raise ApplicationError(
+                str(exc), type=FailureType.INVALID_JOB_SPEC, non_retryable=True
+            ) from exc
         layout = JobLayout(
             job_id=spec.job_id,
-            output_root=f"{spec.output_uri.rstrip('/')}/{spec.job_id}",
-            input_format=info.input_format,
+            output_root=tables.work_root(spec, self._ctx.settings),
+            input_format=input_format,
         )
         for shard in shards:
             await self._ctx.write(layout.shard_plan(shard.index), shard.model_dump_json().encode())
             activity.heartbeat(shard.index)
-        await ledger.record_shards(
+        await ledger.jobs.record_shards(
             self._ctx.pool,
             job_id=spec.job_id,
             shards=[
-                ledger.PlannedShard(s.index, s.uri, s.first_row, s.row_count, s.first_line)
+                ledger.jobs.PlannedShard(s.index, s.uri, s.first_row, s.row_count, s.first_line)
                 for s in shards
             ],
         )
-        await ledger.upsert_job(
+        await ledger.jobs.upsert_job(
             self._ctx.pool,
             job_id=spec.job_id,
             spec=spec.model_dump(mode="json"),
@@ -93,6 +98,22 @@ class PlanningActivities:
             ),
             generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
         )
+
+    async def _plan(self, spec: JobSpec) -> tuple[InputFormat, list[ShardPlan]]:
+        """The job's input format and shards; a table output is checked or created."""
+        settings = self._ctx.settings
+        if spec.table_input:
+            shards = await tables.check_table_job(
+                spec, settings, settings.render_limits, create_output=True
+            )
+            return InputFormat.TABLE, shards or []
+        info = await asyncio.to_thread(
+            planning.inspect_inputs, spec, self._ctx.store, settings.render_limits
+        )
+        shards = await asyncio.to_thread(planning.plan, spec, info, self._ctx.store)
+        if spec.table_output:
+            await tables.check_table_job(spec, settings, settings.render_limits, create_output=True)
+        return info.input_format, shards
 
     async def _validate_api_batch(self, spec: JobSpec) -> None:
         """Check every line of an OpenAI Batch API batch before anything runs; on any
@@ -130,12 +151,12 @@ class PlanningActivities:
         """
         summary = input.summary.model_copy()
         layout = input.layout
-        counts = await ledger.job_counts(self._ctx.pool, job_id=summary.job_id)
+        counts = await ledger.jobs.job_counts(self._ctx.pool, job_id=summary.job_id)
         summary.items_succeeded, summary.items_dead = counts.succeeded, counts.dead
         summary.tokens = TokenCounts(
             prompt=counts.prompt_tokens, completion=counts.completion_tokens
         )
-        summary.usage = await ledger.usage(self._ctx.pool, job_id=summary.job_id)
+        summary.usage = await ledger.usage.usage(self._ctx.pool, job_id=summary.job_id)
         summary.state = final_state(summary)
         if summary.started_at and summary.finished_at:
             started = datetime.fromisoformat(summary.started_at)
@@ -146,7 +167,7 @@ class PlanningActivities:
         store = self._ctx.store(layout.output_root)
         try:
             objects = await asyncio.to_thread(store.list, f"{layout.output_root}/")
-        except storage.InputNotFound:
+        except storage.base.InputNotFound:
             # No output part at all (no shard wrote one): an empty list, not a fault
             # to retry for minutes.
             objects = []
@@ -176,12 +197,14 @@ class PlanningActivities:
             "elapsed_s": summary.elapsed_s,
             "spec": input.spec.model_dump(mode="json"),
         }
+        if input.spec.table_output:
+            manifest["output_table"] = input.spec.output_uri
         if input.spec.task is Task.EMBED:
-            vectors = await ledger.embedding_counts(self._ctx.pool, job_id=summary.job_id)
+            vectors = await ledger.jobs.embedding_counts(self._ctx.pool, job_id=summary.job_id)
             manifest["task"] = input.spec.task.value
             manifest["embeddings"] = {"count": vectors.count, "dimensions": vectors.dimensions}
         await self._ctx.write(layout.manifest, json.dumps(manifest, indent=2).encode())
-        await ledger.finish_job(
+        await ledger.jobs.finish_job(
             self._ctx.pool,
             job_id=summary.job_id,
             status=summary.state,
@@ -191,7 +214,7 @@ class PlanningActivities:
             prompt_tokens=summary.tokens.prompt,
             completion_tokens=summary.tokens.completion,
         )
-        await ledger.forget_leads(self._ctx.pool, job_id=summary.job_id)
+        await leads.forget_leads(self._ctx.pool, job_id=summary.job_id)
         await asyncio.to_thread(store.delete_prefix, layout.staging + "/")
         return summary
 
@@ -203,8 +226,8 @@ class PlanningActivities:
         Items not done stay ``pending``: nothing of them is lost, only never run. A
         job with no ledger row yet (it ended while planning) is left without one.
         """
-        counts = await ledger.job_counts(self._ctx.pool, job_id=input.job_id)
-        await ledger.finish_job(
+        counts = await ledger.jobs.job_counts(self._ctx.pool, job_id=input.job_id)
+        await ledger.jobs.finish_job(
             self._ctx.pool,
             job_id=input.job_id,
             status=input.state,

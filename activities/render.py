@@ -8,15 +8,16 @@ from typing import Any
 from temporalio import activity
 
 from activities.context import ActivityContext
-from llmbatch import ledger, openai_batch, telemetry
+from llmbatch import ledger, telemetry
 from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
-from llmbatch.dedup import request_key
-from llmbatch.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
-from llmbatch.render_pool import Rendered
-from llmbatch.templates import TemplateError
+from llmbatch.dedup.keys import request_key
+from llmbatch.formats import openai_batch
+from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
+from llmbatch.rendering.pool import Rendered
+from llmbatch.rendering.templates import TemplateError
 
 
 class RenderActivities:
@@ -28,7 +29,7 @@ class RenderActivities:
         """Render every row; rows that can never run go to the dead list right here."""
         layout, spec, shard = input.layout, input.spec, input.shard
         rows = list(load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow))
-        # Templates render in child processes (llmbatch.render_pool): a runaway one
+        # Templates render in child processes (llmbatch.rendering.pool): a runaway one
         # costs its rows their time limit, never this worker's event loop.
         templated = _templated(rows, layout.input_format)
         # An embed job's text template renders as one message, in the same sandbox.
@@ -46,7 +47,7 @@ class RenderActivities:
             overrides=input.sampling_overrides,
             rendered=dict(zip(templated, outcomes, strict=True)),
         )
-        registered = await ledger.register_items(
+        registered = await ledger.items.register_items(
             self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(spec, rows, requests)
         )
         if registered.elsewhere:
@@ -56,7 +57,7 @@ class RenderActivities:
             for row in repeated:
                 requests.pop(row.fields_id, None)
                 dead.append(
-                    ledger.DeadItem(
+                    ledger.items.DeadItem(
                         item_id=row.item_id,
                         shard=shard,
                         error_class=ErrorClass.INVALID_ITEM_ID,
@@ -64,7 +65,7 @@ class RenderActivities:
                         source=row.source,
                     )
                 )
-            registered = await ledger.register_items(
+            registered = await ledger.items.register_items(
                 self._ctx.pool,
                 job_id=spec.job_id,
                 shard=shard,
@@ -73,7 +74,7 @@ class RenderActivities:
         done = registered.done
         todo_dead = [d for d in dead if d.item_id not in done]
         if todo_dead:
-            marked = await ledger.record_dead(
+            marked = await ledger.items.record_dead(
                 self._ctx.pool, job_id=spec.job_id, lease_owner=None, items=todo_dead
             )
             telemetry.metrics().count_items(
@@ -112,9 +113,9 @@ def _rename_repeated(
 
 def _new_items(
     spec: JobSpec, rows: list[StagedRow], requests: dict[str, StagedRequest]
-) -> list[ledger.NewItem]:
+) -> list[ledger.items.NewItem]:
     return [
-        ledger.NewItem(
+        ledger.items.NewItem(
             item_id=row.item_id, ordinal=row.ordinal, prompt_hash=prompt_hash, source=row.source
         )
         for row, prompt_hash in _hashes(spec, rows, requests)
@@ -136,7 +137,7 @@ def _render(
     shard: int,
     overrides: dict[str, Any],
     rendered: Mapping[int, Rendered],
-) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
+) -> tuple[dict[str, StagedRequest], list[ledger.items.DeadItem]]:
     """Staged requests and dead items for ``rows``; ``rendered`` holds the template's
     outcome for the rows at the positions :func:`_templated` gives."""
     if spec.task is Task.EMBED:
@@ -144,11 +145,11 @@ def _render(
     # A re-drive's sampling fields win over the job's and the request's own.
     default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
-    dead: list[ledger.DeadItem] = []
+    dead: list[ledger.items.DeadItem] = []
 
     def fail(row: StagedRow, error_class: ErrorClass, message: str) -> None:
         dead.append(
-            ledger.DeadItem(
+            ledger.items.DeadItem(
                 item_id=row.item_id,
                 shard=shard,
                 error_class=error_class,
@@ -205,13 +206,13 @@ def _render_embed(
     shard: int,
     overrides: dict[str, Any],
     rendered: Mapping[int, Rendered],
-) -> tuple[dict[str, StagedRequest], list[ledger.DeadItem]]:
+) -> tuple[dict[str, StagedRequest], list[ledger.items.DeadItem]]:
     """:func:`_render` for an embed job: each row's texts to embed. A re-drive's
     ``truncate_prompt_tokens`` wins over the job's and the line's own options."""
     job_options = spec.embed_options
     default = job_options.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
-    dead: list[ledger.DeadItem] = []
+    dead: list[ledger.items.DeadItem] = []
     for index, row in enumerate(rows):
         failure: tuple[ErrorClass, str] | None = None
         texts: list[str] = []
@@ -239,7 +240,7 @@ def _render_embed(
                     failure = (ErrorClass.INVALID_PROMPT, "the text to embed is empty")
         if failure is not None:
             dead.append(
-                ledger.DeadItem(
+                ledger.items.DeadItem(
                     item_id=row.item_id,
                     shard=shard,
                     error_class=failure[0],
@@ -271,7 +272,7 @@ def _hashes(
             model=spec.model,
             messages=request.messages,
             prompt=request.prompt,
-            sampling=request.sampling or spec.sampling,
+            sampling=request.effective_sampling(spec),
             texts=request.texts,
             embedding=request.embedding or (spec.embed_options if request.texts else None),
         )

@@ -11,13 +11,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
-from llmbatch import formats, ledger, openai_batch, storage, telemetry
+from llmbatch import formats, ledger, storage, telemetry
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task
-from llmbatch.contract.states import TERMINAL_STATUSES, ItemStatus
-from llmbatch.records import StagedRow, load_jsonl
-from llmbatch.vectors import StagedVectors, Vectors, floats, read_vectors
+from llmbatch.contract.states import TERMINAL_STATUSES, FailureType, ItemStatus
+from llmbatch.formats import openai_batch
+from llmbatch.formats.records import StagedRow, load_jsonl
+from llmbatch.formats.vectors import StagedVectors, Vectors, floats, read_vectors
+from llmbatch.tables import jobs as tables
+from llmbatch.tables.connect import TableError
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +37,12 @@ class WriteActivities:
             r.item_id: r
             for r in load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow)
         }
-        entries = await ledger.shard_results(self._ctx.pool, job_id=spec.job_id, shard=shard)
+        entries = await ledger.items.shard_results(self._ctx.pool, job_id=spec.job_id, shard=shard)
         unfinished = [e.item_id for e in entries if e.status not in TERMINAL_STATUSES]
         if unfinished:
             raise ApplicationError(
                 f"shard {shard} has {len(unfinished)} unfinished items (first: {unfinished[0]!r})",
-                type="IncompleteShard",
+                type=FailureType.INCOMPLETE_SHARD,
                 non_retryable=True,
             )
         summary = ShardSummary(shard=shard, items=len(entries))
@@ -53,7 +56,7 @@ class WriteActivities:
             else:
                 summary.dead += 1
         summary.tokens = tokens
-        summary.usage = await ledger.usage(self._ctx.pool, job_id=spec.job_id, shard=shard)
+        summary.usage = await ledger.usage.usage(self._ctx.pool, job_id=spec.job_id, shard=shard)
         telemetry.annotate(
             job_id=spec.job_id,
             shard=shard,
@@ -62,7 +65,20 @@ class WriteActivities:
             dead=summary.dead,
         )
 
-        if spec.task is Task.EMBED:
+        if spec.table_output:
+            # Upserted by item id in one transaction: a retry rewrites the same rows.
+            vectors = None
+            if spec.task is Task.EMBED:
+                vectors = await read_vectors(self._ctx.read, entries)
+            try:
+                await tables.write_shard(spec, self._ctx.settings, entries, rows, vectors)
+            except TableError as exc:
+                raise ApplicationError(
+                    str(exc), type=FailureType.TABLE_ERROR, non_retryable=True
+                ) from exc
+            err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
+            part = spec.output_uri
+        elif spec.task is Task.EMBED:
             # Bounded memory: only this shard's vectors are read, object by object.
             vectors = await read_vectors(self._ctx.read, entries)
             if layout.input_format is InputFormat.OPENAI:
@@ -100,7 +116,9 @@ class WriteActivities:
         return summary
 
 
-async def _sweep_vectors(ctx: ActivityContext, folder: str, entries: list[ledger.LedgerRow]) -> int:
+async def _sweep_vectors(
+    ctx: ActivityContext, folder: str, entries: list[ledger.items.LedgerRow]
+) -> int:
     """Delete the shard's vector objects that none of its items points to: those of
     attempts that crashed or were superseded between writing an object and recording
     it (their items were embedded again). Return how many went.
@@ -118,7 +136,7 @@ async def _sweep_vectors(ctx: ActivityContext, folder: str, entries: list[ledger
     store = ctx.store(folder)
     try:
         objects = await asyncio.to_thread(store.list, folder)
-    except storage.InputNotFound:
+    except storage.base.InputNotFound:
         return 0  # nothing was embedded (every item died)
     stray = [o.uri for o in objects if o.uri.rsplit("/", 1)[-1] not in kept]
     for uri in stray:
@@ -128,7 +146,7 @@ async def _sweep_vectors(ctx: ActivityContext, folder: str, entries: list[ledger
     return len(stray)
 
 
-def _dead_line(spec: JobSpec, entry: ledger.LedgerRow) -> dict[str, Any]:
+def _dead_line(spec: JobSpec, entry: ledger.items.LedgerRow) -> dict[str, Any]:
     """A dead item of OpenAI batch input, as the error file's line."""
     return openai_batch.dead_line(
         job_id=spec.job_id,
@@ -139,7 +157,7 @@ def _dead_line(spec: JobSpec, entry: ledger.LedgerRow) -> dict[str, Any]:
     )
 
 
-def _error_line(entry: ledger.LedgerRow) -> dict[str, Any]:
+def _error_line(entry: ledger.items.LedgerRow) -> dict[str, Any]:
     return {
         "item_id": entry.item_id,
         "error": {
@@ -151,7 +169,9 @@ def _error_line(entry: ledger.LedgerRow) -> dict[str, Any]:
     }
 
 
-def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -> dict[str, Any]:
+def _output_row(
+    spec: JobSpec, entry: ledger.items.LedgerRow, row: StagedRow | None
+) -> dict[str, Any]:
     fields = (row.fields if row is not None else None) or {}
     if spec.output_fields is not None:
         fields = {k: fields.get(k) for k in spec.output_fields}
@@ -181,7 +201,7 @@ def _output_row(spec: JobSpec, entry: ledger.LedgerRow, row: StagedRow | None) -
 
 def _embedding_part(
     spec: JobSpec,
-    entries: list[ledger.LedgerRow],
+    entries: list[ledger.items.LedgerRow],
     rows: dict[str, StagedRow],
     vectors: Vectors,
 ) -> bytes:
@@ -236,7 +256,7 @@ def _vector_column(vectors: list[bytes | None]) -> pa.Array:
 
 def _openai_lines(
     spec: JobSpec,
-    entries: list[ledger.LedgerRow],
+    entries: list[ledger.items.LedgerRow],
     rows: dict[str, StagedRow],
     vectors: Vectors | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

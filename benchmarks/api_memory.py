@@ -35,8 +35,8 @@ import psutil
 from llmbatch import ledger
 from llmbatch.api.auth import create_key
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, isolated_settings
+from llmbatch.devstack.demo import settings_env
 from llmbatch.devstack.process import free_port
 
 MB = 1 << 20
@@ -123,7 +123,7 @@ def serve(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
 
 
 async def new_key(settings: Settings) -> str:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
     try:
         return (await create_key(pool, project="bench")).secret
     finally:

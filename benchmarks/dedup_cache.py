@@ -29,13 +29,13 @@ import psutil
 from peer import chat_lines, run_batch
 
 from llmbatch import storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import JobSpec
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack, isolated_settings
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 # The KV cache in bytes (256 sequences of 512 tokens need ~270 MB with the tiny model):
 # on CPU a --gpu-memory-utilization share is of one memory node, which on some machines
@@ -140,7 +140,7 @@ def main() -> None:
         src = work / "batch.jsonl"
         src.write_bytes(chat_lines(n, model=model, max_tokens=args.max_tokens, repeat=args.repeat))
         data_uri = f"s3://{settings.s3_bucket}/bench/batch-{n}.jsonl"
-        storage.open_store(data_uri, settings).put_file(data_uri, src)
+        storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
 
         print(f"{n} requests, each distinct one {args.repeat} times", flush=True)
         peer_s = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS).batch_s

@@ -34,14 +34,14 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
-from llmbatch.engine import cpu_engine_env
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
+from llmbatch.engine.cpu import cpu_engine_env
 
 # The same engine for both: the pooling runner, the tiny decoder made an embedder.
 ENGINE_ARGS = [
@@ -121,7 +121,7 @@ def upload(settings: Settings, work: Path, n: int, model: str) -> tuple[Path, st
     src = work / f"batch-{n}.jsonl"
     src.write_bytes(batch_lines(n, model=model))
     data_uri = f"s3://{settings.s3_bucket}/bench/embeddings-{n}.jsonl"
-    storage.open_store(data_uri, settings).put_file(data_uri, src)
+    storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
     return src, data_uri
 
 

@@ -38,13 +38,13 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import ledger, storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.names import GENERATE, shard_workflow_id
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack, isolated_settings
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 # The KV cache in bytes (256 sequences of 512 tokens need ~270 MB with the tiny model):
 # on CPU a --gpu-memory-utilization share is of one memory node, which on some machines
@@ -67,7 +67,7 @@ class Bench:
     def upload(self, name: str, rows: int) -> str:
         uri = f"s3://{self.settings.s3_bucket}/bench-priority/{name}.jsonl"
         body = "".join(json.dumps({"text": f"{name} row {i}"}) + "\n" for i in range(rows))
-        storage.open_store(uri, self.settings).put_bytes(uri, body.encode())
+        storage.stores.open_store(uri, self.settings).put_bytes(uri, body.encode())
         return uri
 
     def spec(self, name: str, rows: int, **fields: Any) -> JobSpec:
@@ -149,7 +149,7 @@ async def overtake_round(
     small = b.spec("small", small_rows, **small_fields)
     small_s = await b.run(small)
     small_end = time.monotonic()
-    counts = await ledger.job_counts(b.pool, job_id=large.job_id)
+    counts = await ledger.jobs.job_counts(b.pool, job_id=large.job_id)
     await large_task
     return OvertakeRound(
         small_s=small_s,
@@ -185,7 +185,7 @@ async def fairness_round(
 
 async def bench(args: argparse.Namespace, settings: Settings, model: str, work: Path) -> None:
     client = await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     b = Bench(
         settings=settings,
         client=client,

@@ -36,14 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llmbatch import ledger  # noqa: E402
-from llmbatch.client import connect, start_job  # noqa: E402
+from llmbatch.client.temporal import connect, start_job  # noqa: E402
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec  # noqa: E402
-from llmbatch.demo import settings_env, wait_for_pollers  # noqa: E402
 from llmbatch.devstack import DevStack  # noqa: E402
+from llmbatch.devstack.demo import settings_env, wait_for_pollers  # noqa: E402
 from llmbatch.devstack.process import LoggedProcess, free_port  # noqa: E402
 from llmbatch.devstack.stack import isolated_settings  # noqa: E402
+from llmbatch.devstack.tiny_model import build_tiny_model  # noqa: E402
 from llmbatch.remote.endpoints import EndpointConfig, add_endpoint  # noqa: E402
-from llmbatch.tiny_model import build_tiny_model  # noqa: E402
 from tests.fixtures.openai_server import Gateway  # noqa: E402
 
 KEY = "sk-bench"
@@ -283,7 +283,7 @@ async def run(args: argparse.Namespace) -> None:
                     f"{args.cpu_requests / wall:7.1f} req/s"
                 )
 
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         client = await connect(settings)
         if 2 in parts:
             open_ep = f"open-{uuid.uuid4().hex[:6]}"

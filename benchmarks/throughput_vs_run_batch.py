@@ -31,12 +31,12 @@ from pathlib import Path
 from peer import chat_lines, run_batch
 
 from llmbatch import storage
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import JobSpec
-from llmbatch.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack import DevStack
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers, worker_processes
+from llmbatch.devstack.tiny_model import build_tiny_model
 
 # The KV cache in bytes (256 sequences of 512 tokens need ~270 MB with the tiny model):
 # on CPU a --gpu-memory-utilization share is of one memory node, which on some machines
@@ -48,7 +48,7 @@ ENGINE_ARGS = [
 
 
 def _serve(settings: Settings, port: int, log_dir: Path) -> subprocess.Popen[bytes]:
-    from llmbatch.demo import settings_env
+    from llmbatch.devstack.demo import settings_env
 
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "serve.log").open("ab") as log:
@@ -67,7 +67,7 @@ async def through_api(settings: Settings, src: Path, n: int, log_dir: Path) -> f
     from llmbatch.api.auth import create_key
     from llmbatch.devstack.process import free_port
 
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
     try:
         key = (await create_key(pool, project="bench")).secret
     finally:
@@ -164,7 +164,7 @@ def main() -> None:
     src = work / "batch.jsonl"
     src.write_bytes(chat_lines(args.requests, model=model, max_tokens=args.max_tokens))
     data_uri = f"s3://{settings.s3_bucket}/bench/batch-{args.requests}.jsonl"
-    storage.open_store(data_uri, settings).put_file(data_uri, src)
+    storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
 
     peer_job, peer_load, ours_job, ours_load, api_job = [], [], [], [], []
     for round_ in range(args.repeats):

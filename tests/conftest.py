@@ -9,5 +9,6 @@ pytest_plugins = [
     "tests.fixtures.tls",
     "tests.fixtures.api_server",
     "tests.fixtures.embed_worker",
+    "tests.fixtures.tables",
     "tests.fixtures.openai_server",
 ]

@@ -173,7 +173,7 @@ def test_every_import_resolves_to_the_installed_wheel(installed: Installed) -> N
     """Not the checkout, not the editable install; the workers' modules import too."""
     probe = (
         "import json, llmbatch, migrations, activities, workflows, workers.cpu, workers.gpu\n"
-        "from llmbatch.migrate import packaged_migrations\n"
+        "from llmbatch.ledger.migrate import packaged_migrations\n"
         "mods = [llmbatch, migrations, activities, workflows, workers.cpu, workers.gpu]\n"
         "print(json.dumps([m.__file__ for m in mods] + [str(packaged_migrations())]))\n"
     )

@@ -18,7 +18,7 @@ from activities.planning import PlanningActivities
 from activities.render import RenderActivities
 from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from workers.heartbeat import BackgroundHeartbeatInterceptor
 from workers.preflight import check_services
@@ -39,7 +39,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
         client,
         task_queue=ctx.settings.cpu_task_queue,
         workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
-        # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
+        # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         # Heartbeats: a killed worker's steps move on after their heartbeat timeout.
         interceptors=[*telemetry.worker_interceptors(client), BackgroundHeartbeatInterceptor()],
         activities=[
@@ -63,7 +63,7 @@ def build_cpu_worker(client: Client, ctx: ActivityContext) -> Worker:
 async def cpu_worker(settings: Settings, *, client: Client | None = None) -> AsyncIterator[Worker]:
     """Run a CPU worker for the duration of the block (used by the CLI and tests)."""
     client = client or await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     ctx = ActivityContext(settings=settings, pool=pool)
     try:
         async with build_cpu_worker(client, ctx) as w:
@@ -85,7 +85,7 @@ async def run_cpu_worker(settings: Settings) -> None:
     client = await check_services(settings)
     name = "cpu worker"
     try:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         try:
             await serve(
                 build_cpu_worker(client, ActivityContext(settings=settings, pool=pool)),

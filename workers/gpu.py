@@ -24,11 +24,12 @@ from temporalio.worker import Worker
 from activities.context import ActivityContext
 from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
-from llmbatch.engine import Engine, EngineOptions
-from llmbatch.served_models import advertised
+from llmbatch.engine.options import EngineOptions
+from llmbatch.engine.vllm_engine import Engine
+from llmbatch.ledger.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 
@@ -61,7 +62,7 @@ def build_gpu_worker(
         task_queue=ctx.settings.gpu_task_queue(model, task),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
-        # Tracing comes with a client from llmbatch.client.connect; added here otherwise.
+        # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         interceptors=telemetry.worker_interceptors(client),
     )
 
@@ -80,7 +81,7 @@ async def gpu_worker(
 ) -> AsyncIterator[Worker]:
     """Run a GPU worker on an already started engine for the duration of the block."""
     client = client or await connect(settings)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
         worker = build_gpu_worker(
             client,
@@ -119,7 +120,7 @@ async def run_gpu_worker(
 
     name = "gpu worker"
     try:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         try:
             worker = build_gpu_worker(
                 client,
@@ -150,7 +151,7 @@ async def run_gpu_worker(
 
 
 def _advertised(
-    pool: ledger.Database, worker: Worker, settings: Settings, model: str, task: Task
+    pool: ledger.db.Database, worker: Worker, settings: Settings, model: str, task: Task
 ) -> contextlib.AbstractAsyncContextManager[None]:
     # So `GET /v1/models` can name the model behind this worker's hashed queue.
     return advertised(

@@ -19,9 +19,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import storage
-from llmbatch.client import TemporalUnavailable, connect_to, connection
+from llmbatch.client.temporal import TemporalUnavailable, connect_to, connection
 from llmbatch.config import Settings, redact
-from llmbatch.migrate import MigrationError, load_migrations
+from llmbatch.ledger.migrate import MigrationError, load_migrations
 from llmbatch.security.connection import explain_connect_error
 from workers.shutdown import one_line
 
@@ -138,7 +138,7 @@ async def check_object_store(settings: Settings) -> None:
     """Reach the S3 endpoint with the configured credentials and find the bucket."""
     endpoint = redact(settings.s3_endpoint_url) if settings.s3_endpoint_url else "AWS S3"
     bucket = settings.s3_bucket
-    client = storage.s3_client(settings, max_attempts=1, timeout_s=CHECK_TIMEOUT_S)
+    client = storage.s3.s3_client(settings, max_attempts=1, timeout_s=CHECK_TIMEOUT_S)
     try:
         await asyncio.to_thread(client.head_bucket, Bucket=bucket)
     except ClientError as exc:

@@ -24,11 +24,12 @@ from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
+from llmbatch.ledger.db import Database
+from llmbatch.ledger.served_models import advertised
 from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
 from llmbatch.remote.pause import pause_workflow
-from llmbatch.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 
@@ -98,7 +99,7 @@ async def run_remote_worker(
     telemetry.install(component="remote-worker")
     client = await check_services(settings)
     name = f"remote worker ({endpoint_name})"
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     engines: list[RemoteEngine] = []
     try:
         endpoint = await get_endpoint(pool, endpoint_name)
@@ -154,7 +155,7 @@ async def _pause_capped(client: Client, job_id: str) -> None:
 
 
 def _advertised(
-    pool: ledger.Database, worker: Worker, model: str, task: Task
+    pool: Database, worker: Worker, model: str, task: Task
 ) -> contextlib.AbstractAsyncContextManager[None]:
     # So `GET /v1/models` of llm-batch's API lists what endpoints serve too.
     return advertised(

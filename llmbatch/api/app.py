@@ -16,9 +16,9 @@ from llmbatch import ledger
 from llmbatch.api import batches, files, models
 from llmbatch.api.deps import Services
 from llmbatch.api.errors import install_handlers
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
-from llmbatch.storage import S3Store
+from llmbatch.storage.s3 import S3Store
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -27,7 +27,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         try:
             temporal = await connect(settings)
             app.state.services = Services(

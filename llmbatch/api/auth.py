@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from llmbatch.api import store
 from llmbatch.api.errors import ApiError
-from llmbatch.ledger import Database
+from llmbatch.ledger import api_records
+from llmbatch.ledger.db import Database
 
 KEY_PREFIX = "sk-llmb-"
 
@@ -39,7 +39,9 @@ async def create_key(db: Database, *, project: str) -> NewKey:
         project=project,
         secret=KEY_PREFIX + secrets.token_urlsafe(32),
     )
-    await store.create_key(db, key_id=key.key_id, project=project, key_hash=hash_key(key.secret))
+    await api_records.create_key(
+        db, key_id=key.key_id, project=project, key_hash=hash_key(key.secret)
+    )
     return key
 
 
@@ -56,7 +58,9 @@ async def project_of(request: Request) -> str:
             "You didn't provide an API key. Send it in the Authorization header: "
             "'Authorization: Bearer YOUR_KEY'. `llm-batch api-key create` makes one."
         )
-    project = await store.project_of_key(request.app.state.pool, key_hash=hash_key(secret.strip()))
+    project = await api_records.project_of_key(
+        request.app.state.pool, key_hash=hash_key(secret.strip())
+    )
     if project is None:
         # Never echo the key: it may be a real one of another service, mistyped.
         raise _unauthorized("Incorrect API key provided (unknown or revoked).")

@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from temporalio.service import RPCError, RPCStatusCode
 
 from llmbatch import ledger
-from llmbatch.api import layout, store
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import ApiError, ErrorType, not_found
@@ -29,10 +28,11 @@ from llmbatch.api.objects import (
     CursorPage,
     page,
 )
-from llmbatch.api.records import FINAL_STATUSES, set_batch_status
-from llmbatch.client import model_has_worker, start_job
+from llmbatch.client.temporal import model_has_worker, start_job
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus
+from llmbatch.ledger import api_layout, api_records
+from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -99,7 +99,7 @@ def _ts(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value is not None else None
 
 
-def batch_object(row: store.BatchRow, counts: ledger.JobCounts) -> Batch:
+def batch_object(row: api_records.BatchRow, counts: ledger.jobs.JobCounts) -> Batch:
     """The batch as OpenAI's ``Batch`` type has it: its record, and the ledger's counts."""
     errors = (
         BatchErrors(data=[BatchError.model_validate(e) for e in row.errors]) if row.errors else None
@@ -135,8 +135,8 @@ def batch_object(row: store.BatchRow, counts: ledger.JobCounts) -> Batch:
     )
 
 
-async def _with_counts(svc: Services, row: store.BatchRow) -> Batch:
-    return batch_object(row, await ledger.job_counts(svc.pool, job_id=row.batch_id))
+async def _with_counts(svc: Services, row: api_records.BatchRow) -> Batch:
+    return batch_object(row, await ledger.jobs.job_counts(svc.pool, job_id=row.batch_id))
 
 
 def model_of(head: bytes, *, whole: bool) -> str | None:
@@ -162,7 +162,7 @@ def model_of(head: bytes, *, whole: bool) -> str | None:
 async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
     """Create a batch over an uploaded file and start it."""
     settings = svc.settings
-    source = await store.get_file(svc.pool, project=project, file_id=body.input_file_id)
+    source = await api_records.get_file(svc.pool, project=project, file_id=body.input_file_id)
     if source is None:
         raise not_found("File", body.input_file_id, param="input_file_id")
     if source.purpose != "batch":
@@ -200,10 +200,10 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="model",
             code="model_not_found",
         )
-    batch_id = layout.new_batch_id()
+    batch_id = api_layout.new_batch_id()
     window = window_of(body.completion_window)
     try:
-        row = await store.insert_batch(
+        row = await api_records.insert_batch(
             svc.pool,
             batch_id=batch_id,
             project=project,
@@ -215,7 +215,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             metadata=body.metadata,
             max_in_progress=settings.api_max_batches_in_progress,
         )
-    except store.TooManyBatches:
+    except api_records.TooManyBatches:
         raise ApiError(
             429,
             f"This project has {settings.api_max_batches_in_progress} batches in progress, "
@@ -229,7 +229,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         inputs=[source.object_uri],
         input_format=InputFormat.OPENAI,
         model=model,
-        output_uri=layout.batch_output_uri(settings.s3_bucket),
+        output_uri=api_layout.batch_output_uri(settings.s3_bucket),
         shard_size=settings.api_shard_size,
         max_concurrent_shards=settings.api_max_concurrent_shards,
         task=body.endpoint.task,
@@ -257,8 +257,8 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
     return await _with_counts(svc, row)
 
 
-async def _batch(svc: Services, project: str, batch_id: str) -> store.BatchRow:
-    row = await store.get_batch(svc.pool, project=project, batch_id=batch_id)
+async def _batch(svc: Services, project: str, batch_id: str) -> api_records.BatchRow:
+    row = await api_records.get_batch(svc.pool, project=project, batch_id=batch_id)
     if row is None:
         raise not_found("Batch", batch_id)
     return row
@@ -277,7 +277,7 @@ async def list_batches(
     after: str | None = None,
 ) -> CursorPage[Batch]:
     """The project's batches, newest first."""
-    rows, more = await store.list_batches(svc.pool, project=project, limit=limit, after=after)
+    rows, more = await api_records.list_batches(svc.pool, project=project, limit=limit, after=after)
     items = [await _with_counts(svc, r) for r in rows]
     return CursorPage[Batch](**page(items, has_more=more))
 

@@ -9,7 +9,7 @@ from fastapi import Request
 from temporalio.client import Client
 
 from llmbatch.config import Settings
-from llmbatch.storage import S3Store
+from llmbatch.storage.s3 import S3Store
 
 
 @dataclass(slots=True)

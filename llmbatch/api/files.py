@@ -10,13 +10,13 @@ from typing import Annotated, BinaryIO, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from llmbatch.api import layout, store
 from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import ApiError, not_found
 from llmbatch.api.objects import CursorPage, FileDeleted, FileObject, page
 from llmbatch.api.upload import ObjectWriter, receive
-from llmbatch.storage import split_s3
+from llmbatch.ledger import api_layout, api_records
+from llmbatch.storage.s3 import split_s3
 
 router = APIRouter()
 
@@ -27,7 +27,7 @@ UPLOAD_PURPOSES = ("batch",)
 DOWNLOAD_CHUNK = 1 << 20
 
 
-def file_object(row: store.FileRow) -> FileObject:
+def file_object(row: api_records.FileRow) -> FileObject:
     return FileObject(
         id=row.file_id,
         bytes=row.bytes,
@@ -42,8 +42,8 @@ async def upload_file(request: Request, project: Project, svc: Svc) -> FileObjec
     """Upload a file (multipart: ``file`` and ``purpose`` = ``batch``), streamed to the
     object store as it arrives."""
     settings = svc.settings
-    file_id = layout.new_file_id()
-    uri = layout.file_uri(settings.s3_bucket, file_id)
+    file_id = api_layout.new_file_id()
+    uri = api_layout.file_uri(settings.s3_bucket, file_id)
     bucket, key = split_s3(uri)
     writer = ObjectWriter(
         svc.store.client, bucket=bucket, key=key, part_bytes=settings.api_upload_part_bytes
@@ -67,7 +67,7 @@ async def upload_file(request: Request, project: Project, svc: Svc) -> FileObjec
     except BaseException:
         await writer.abort()
         raise
-    row = await store.insert_file(
+    row = await api_records.insert_file(
         svc.pool,
         file_id=file_id,
         project=project,
@@ -90,14 +90,14 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
 ) -> CursorPage[FileObject]:
     """The project's files, newest first (``order=asc``: oldest first)."""
-    rows, more = await store.list_files(
+    rows, more = await api_records.list_files(
         svc.pool, project=project, limit=limit, after=after, purpose=purpose, order=order
     )
     return CursorPage[FileObject](**page([file_object(r) for r in rows], has_more=more))
 
 
-async def _file(svc: Services, project: str, file_id: str) -> store.FileRow:
-    row = await store.get_file(svc.pool, project=project, file_id=file_id)
+async def _file(svc: Services, project: str, file_id: str) -> api_records.FileRow:
+    row = await api_records.get_file(svc.pool, project=project, file_id=file_id)
     if row is None:
         raise not_found("File", file_id)
     return row
@@ -137,7 +137,7 @@ async def _chunks(reader: BinaryIO) -> AsyncIterator[bytes]:
 async def delete_file(file_id: str, project: Project, svc: Svc) -> FileDeleted:
     """Delete the file and its bytes; refused while an unfinished batch reads it."""
     await _file(svc, project, file_id)
-    row = await store.delete_file(svc.pool, project=project, file_id=file_id)
+    row = await api_records.delete_file(svc.pool, project=project, file_id=file_id)
     if row is None:
         raise ApiError(
             400,

@@ -12,8 +12,8 @@ from llmbatch.api.auth import project_of
 from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import not_found
 from llmbatch.api.objects import Model, ModelList
-from llmbatch.client import queue_has_pollers
-from llmbatch.served_models import served_models
+from llmbatch.client.temporal import queue_has_pollers
+from llmbatch.ledger.served_models import served_models
 
 router = APIRouter()
 

@@ -9,6 +9,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from llmbatch.contract.states import BatchStatus
+from llmbatch.formats.openai_batch import BatchError
 
 FilePurpose = Literal["batch", "batch_output"]
 T = TypeVar("T")
@@ -31,13 +32,6 @@ class FileDeleted(BaseModel):
     id: str
     object: Literal["file"] = "file"
     deleted: bool
-
-
-class BatchError(BaseModel):
-    code: str | None = None
-    line: int | None = None
-    message: str | None = None
-    param: str | None = None
 
 
 class BatchErrors(BaseModel):

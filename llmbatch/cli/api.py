@@ -11,13 +11,11 @@ from rich.table import Table
 if TYPE_CHECKING:
     import asyncpg
 
-from llmbatch.cli.common import CliError, emit_json, out, run
+from llmbatch.cli.common import CliError, JsonOption, emit_json, out, run
 from llmbatch.config import Settings
 from llmbatch.contract.priority import TENANT_PATTERN
 
 keys_app = typer.Typer(no_args_is_help=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def serve(
@@ -55,7 +53,7 @@ def register(app: typer.Typer) -> None:
 async def _pool(settings: Settings) -> asyncpg.Pool:
     from llmbatch import ledger
 
-    return await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    return await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
 
 
 @keys_app.command("create")
@@ -95,11 +93,11 @@ def list_keys(as_json: JsonOption = False) -> None:
 
 
 async def _list(settings: Settings, *, as_json: bool) -> None:
-    from llmbatch.api import store
+    from llmbatch.ledger import api_records
 
     pool = await _pool(settings)
     try:
-        keys = await store.list_keys(pool)
+        keys = await api_records.list_keys(pool)
     finally:
         await pool.close()
     rows = [
@@ -132,11 +130,11 @@ def revoke_key(key_id: Annotated[str, typer.Argument(help="The key's id (key_...
 
 
 async def _revoke(settings: Settings, *, key_id: str) -> None:
-    from llmbatch.api import store
+    from llmbatch.ledger import api_records
 
     pool = await _pool(settings)
     try:
-        revoked = await store.revoke_key(pool, key_id=key_id)
+        revoked = await api_records.revoke_key(pool, key_id=key_id)
     finally:
         await pool.close()
     if not revoked:

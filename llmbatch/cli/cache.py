@@ -11,7 +11,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from llmbatch.cli.common import CliError, emit_json, fail, out, run
-from llmbatch.config import Settings, model_identity
+from llmbatch.config import Settings
+from llmbatch.contract.names import model_identity
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -33,7 +34,7 @@ async def _with_pool(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> 
     from llmbatch import ledger
 
     try:
-        pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=2)
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=2)
     except OSError as exc:
         raise CliError(f"cannot reach Postgres: {exc}") from None
     try:
@@ -45,7 +46,7 @@ async def _with_pool(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> 
 @app.command("stats")
 def stats(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Entries, hits and age of the result cache, per model and weights."""
-    from llmbatch import result_cache
+    from llmbatch.dedup import result_cache
 
     rows = run(_with_pool(Settings(), result_cache.stats))
     if as_json:
@@ -71,7 +72,7 @@ def purge(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Delete cached results (all of them unless --older-than or --model narrow it)."""
-    from llmbatch import result_cache
+    from llmbatch.dedup import result_cache
 
     try:
         age = parse_age(older_than) if older_than is not None else None

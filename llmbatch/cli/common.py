@@ -17,7 +17,7 @@ import atexit
 import json
 import os
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,14 +25,18 @@ from rich.markup import escape
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch import planning
-from llmbatch.client import TemporalUnavailable
+from llmbatch.client.temporal import TemporalUnavailable
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
+from llmbatch.formats import planning
 
 # soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
+
+# The parameters many commands take, declared once so their help reads the same everywhere.
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+JobIdArgument = Annotated[str, typer.Argument(help="The job id (its workflow id).")]
 
 
 class CliError(Exception):

@@ -17,9 +17,19 @@ from temporalio.client import (
 )
 
 from llmbatch.cli import progress
-from llmbatch.cli.common import CliError, emit_json, emit_json_line, find_job, job_url, out, run
+from llmbatch.cli.common import (
+    CliError,
+    JobIdArgument,
+    JsonOption,
+    emit_json,
+    emit_json_line,
+    find_job,
+    job_url,
+    out,
+    run,
+)
 from llmbatch.cli.jobview import follow_job, print_summary
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import JobControlState, JobProgress
@@ -29,8 +39,6 @@ from llmbatch.contract.progress import format_duration
 
 CANCEL_WAIT_S = 60.0
 LIST_QUERY_TIMEOUT = timedelta(seconds=5)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -46,7 +54,7 @@ def register(app: typer.Typer) -> None:
 
 
 def watch(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: JobIdArgument,
     interval: Annotated[
         float,
         typer.Option(
@@ -191,7 +199,7 @@ def _status_name(status: WorkflowExecutionStatus | None) -> str:
 
 
 def cancel(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: JobIdArgument,
     as_json: JsonOption = False,
 ) -> None:
     """Cancel a job: its shards stop, in-flight engine requests are aborted, and every
@@ -242,7 +250,7 @@ async def _wait_closed(handle: WorkflowHandle[Any, Any], *, within_s: float) -> 
 
 
 def pause(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: JobIdArgument,
     as_json: JsonOption = False,
 ) -> None:
     """Pause a job: no new shards and no new engine requests start (those in the
@@ -251,7 +259,7 @@ def pause(
 
 
 def resume(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: JobIdArgument,
     as_json: JsonOption = False,
 ) -> None:
     """Resume a paused job."""

@@ -32,7 +32,7 @@ def demo(
         str | None, typer.Option(help="Model id or path; default a tiny local model.")
     ] = None,
     rows: Annotated[int, typer.Option(help="Rows in the generated customers CSV.")] = 3000,
-    shard_size: Annotated[int, typer.Option()] = 500,
+    shard_size: Annotated[int, typer.Option(help="Rows per shard.")] = 500,
     task: Annotated[
         Task,
         typer.Option(help="generate: classify each company; embed: embed its description."),
@@ -53,7 +53,7 @@ def demo(
     out.print(api.describe(), markup=False, highlight=False)
     gpu_args = ["--max-model-len", "512"]
     if model is None:
-        from llmbatch.tiny_model import build_tiny_model
+        from llmbatch.devstack.tiny_model import build_tiny_model
 
         model = str(build_tiny_model(settings.state_dir.resolve() / "models" / "tiny-llama"))
         if task is Task.EMBED:
@@ -83,13 +83,13 @@ def demo(
 async def _run_embed_demo(
     settings: Settings, model: str, *, rows: int, shard_size: int, gpu_args: list[str]
 ) -> None:
-    from llmbatch import demo as d
     from llmbatch import storage
-    from llmbatch.client import connect, start_job
+    from llmbatch.client.temporal import connect, start_job
     from llmbatch.contract.spec import JobSpec, OutputFormat
+    from llmbatch.devstack import demo as d
 
     data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
-    store = storage.open_store(data_uri, settings)
+    store = storage.stores.open_store(data_uri, settings)
     await asyncio.to_thread(store.put_bytes, data_uri, d.customers_csv(rows))
     out.print(f"uploaded {rows} customers to {data_uri}")
     client = await connect(settings)
@@ -145,13 +145,13 @@ async def _run_embed_demo(
 
 
 async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: int) -> None:
-    from llmbatch import demo as d
     from llmbatch import storage
-    from llmbatch.client import connect, start_job
+    from llmbatch.client.temporal import connect, start_job
     from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+    from llmbatch.devstack import demo as d
 
     data_uri = f"s3://{settings.s3_bucket}/demo/customers-{rows}.csv"
-    store = storage.open_store(data_uri, settings)
+    store = storage.stores.open_store(data_uri, settings)
     await asyncio.to_thread(store.put_bytes, data_uri, d.customers_csv(rows))
     out.print(f"uploaded {rows} customers to {data_uri}")
 

@@ -96,9 +96,9 @@ def status(
 @app.command("tiny-model")
 def tiny_model(
     path: Annotated[Path, typer.Argument(help="Folder to write the model to.")],
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
 ) -> None:
     """Build the tiny offline test model (random weights: its answers are random)."""
-    from llmbatch.tiny_model import build_tiny_model
+    from llmbatch.devstack.tiny_model import build_tiny_model
 
     typer.echo(str(build_tiny_model(path, seed=seed)))

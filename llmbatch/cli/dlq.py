@@ -9,8 +9,17 @@ import typer
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out, run
-from llmbatch.client import connect
+from llmbatch.cli.common import (
+    CliError,
+    JobIdArgument,
+    JsonOption,
+    emit_json,
+    failure_message,
+    find_job,
+    out,
+    run,
+)
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView, RedriveRequest, RedriveResult
 from llmbatch.contract.names import DEAD_LETTERS_QUERY, REDRIVE_UPDATE, dead_letter_workflow_id
@@ -21,11 +30,11 @@ app = typer.Typer(no_args_is_help=True)
 
 @app.command("list")
 def list_command(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: JobIdArgument,
     error_class: Annotated[
         list[ErrorClass] | None, typer.Option("--class", help="Only this error class; repeat.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """List a job's dead items: id, error class, message, attempts, source line."""
     run(_list(Settings(), job_id, classes=error_class, as_json=as_json))
@@ -33,7 +42,7 @@ def list_command(
 
 @app.command("redrive")
 def redrive_command(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: JobIdArgument,
     ids: Annotated[
         list[str] | None, typer.Option("--ids", help="Item ids, comma-separated; repeat.")
     ] = None,
@@ -48,7 +57,7 @@ def redrive_command(
             "key=value; repeat.",
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Run dead items again (all, or the given ids or classes); wait for the outcome."""
     item_ids = [i.strip() for value in ids or [] for i in value.split(",") if i.strip()] or None

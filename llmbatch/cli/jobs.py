@@ -10,7 +10,16 @@ import typer
 from rich.markup import escape
 from temporalio.client import Client
 
-from llmbatch.cli.common import CliError, emit_json, err, job_url, out, run
+from llmbatch.cli.common import (
+    CliError,
+    JobIdArgument,
+    JsonOption,
+    emit_json,
+    err,
+    job_url,
+    out,
+    run,
+)
 from llmbatch.cli.jobview import (
     describe_job,
     follow_job,
@@ -19,7 +28,7 @@ from llmbatch.cli.jobview import (
     usage_line,
 )
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
-from llmbatch.client import connect, model_has_worker, start_job, started_spec
+from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.priority import DEFAULT_PRIORITY
@@ -46,7 +55,7 @@ def submit(
     wait: Annotated[
         bool, typer.Option(help="Wait, showing progress, then print the summary.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonOption = False,
     require_worker: Annotated[
         bool,
         typer.Option(
@@ -133,7 +142,7 @@ async def _check_endpoint(settings: Settings, name: str) -> None:
     from llmbatch import ledger
     from llmbatch.remote.endpoints import EndpointError, get_endpoint
 
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
     try:
         await get_endpoint(pool, name)
     except EndpointError as exc:
@@ -180,8 +189,8 @@ async def _check_worker(
 
 
 def status(
-    job_id: Annotated[str, typer.Argument()],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    job_id: JobIdArgument,
+    as_json: JsonOption = False,
 ) -> None:
     """Show a job's state, counts, tokens and throughput."""
     run(_status(Settings(), job_id, as_json=as_json))
@@ -252,9 +261,9 @@ def _elapsed(p: JobProgress | JobSummary) -> float:
 
 
 def results(
-    job_id: Annotated[str, typer.Argument()],
+    job_id: JobIdArgument,
     rows: Annotated[int, typer.Option("--rows", "-n", help="How many rows to show.")] = 5,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Say where a finished job's output is and show its first rows."""
     run(show_results(Settings(), job_id, rows=rows, as_json=as_json))

@@ -18,7 +18,7 @@ from temporalio.service import RPCError
 from llmbatch import storage
 from llmbatch.cli import progress
 from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out
-from llmbatch.client import connect
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.dead_letters import DeadLetterView
@@ -108,13 +108,16 @@ async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: b
     state, p = await describe_job(settings, job_id)
     if not isinstance(p, JobSummary):
         raise CliError(f"job {job_id} has no results yet (workflow {state})")
-    store = storage.open_store(p.manifest, settings)
+    store = storage.stores.open_store(p.manifest, settings)
     manifest = json.loads(await asyncio.to_thread(store.read_bytes, p.manifest))
     first = await asyncio.to_thread(_first_rows, store, manifest["output_parts"], rows)
     if as_json:
         emit_json({"manifest": p.manifest, **manifest, "rows": first})
         return
     out.print(f"[bold]{job_id}[/bold]: {p.state}; output under {p.output_root}/")
+    if manifest.get("output_table"):
+        # A table output: its rows are in the database, one per item.
+        out.print(f"  results upserted into {manifest['output_table']}")
     for part in manifest["output_parts"]:
         out.print(f"  {part}")
     for part in manifest["error_parts"]:
@@ -124,7 +127,9 @@ async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: b
         out.print_json(data=row)
 
 
-def _first_rows(store: storage.ObjectStore, parts: list[str], limit: int) -> list[dict[str, Any]]:
+def _first_rows(
+    store: storage.base.ObjectStore, parts: list[str], limit: int
+) -> list[dict[str, Any]]:
     from llmbatch import formats
 
     found: list[dict[str, Any]] = []

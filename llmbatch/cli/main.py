@@ -14,6 +14,7 @@ from llmbatch.cli import (
     demo,
     dev,
     dlq,
+    docs,
     endpoints,
     jobs,
     migrate,
@@ -56,6 +57,7 @@ app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)
 app.command("codec-server")(codec.codec_server)
 app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
+app.add_typer(docs.app, name="docs", help="The docs site's generated reference pages.")
 jobs.register(app)
 control.register(app)
 api.register(app)

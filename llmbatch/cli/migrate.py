@@ -15,7 +15,7 @@ def migrate_command() -> None:
     """Apply the SQL migrations to the configured Postgres."""
     import asyncpg
 
-    from llmbatch.migrate import MigrationError, apply_migrations
+    from llmbatch.ledger.migrate import MigrationError, apply_migrations
 
     settings = Settings()
     dsn = settings.postgres_dsn.get_secret_value()

@@ -21,19 +21,30 @@ from typing import Annotated, Any, get_type_hints
 import typer
 from pydantic import ValidationError
 
-from llmbatch import planning, storage
+from llmbatch import storage
 from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 from llmbatch.contract import uris
 from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat, Task
+from llmbatch.formats import planning
+from llmbatch.tables import jobs as tables
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobOptions:
     """The values of the job options; the field annotations are the CLI declarations."""
 
-    inputs: Annotated[list[str], typer.Option("--input", "-i", help="Input URI or path; repeat.")]
+    inputs: Annotated[
+        list[str],
+        typer.Option(
+            "--input",
+            "-i",
+            help="Input URI or path; repeat. Or one Postgres table or read-only query: "
+            "'postgresql://HOST:PORT/DB?table=NAME' or '...?query=SELECT ...' (with "
+            "--id-field; the password from the worker's PGPASSWORD or pgpass file).",
+        ),
+    ]
     model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")]
     endpoint: Annotated[
         str | None,
@@ -50,7 +61,11 @@ class JobOptions:
         ),
     ] = None
     output: Annotated[
-        str | None, typer.Option(help="Output URI; default s3://<bucket>/results.")
+        str | None,
+        typer.Option(
+            help="Output URI; default s3://<bucket>/results. Or a Postgres table, "
+            "'postgresql://HOST:PORT/DB?table=NAME': one row per item, upserted by item id."
+        ),
     ] = None
     messages_file: Annotated[
         Path | None, typer.Option("--messages", help="JSON file: [{role, content}, ...].")
@@ -76,21 +91,40 @@ class JobOptions:
         int | None,
         typer.Option(help="Keep the last N tokens of a longer prompt or text, not dead-letter it."),
     ] = None
-    input_format: Annotated[InputFormat | None, typer.Option("--format")] = None
-    id_field: Annotated[str | None, typer.Option(help="Row field with the item id.")] = None
-    temperature: Annotated[float | None, typer.Option()] = None
-    top_p: Annotated[float | None, typer.Option()] = None
-    max_tokens: Annotated[int | None, typer.Option()] = None
+    input_format: Annotated[
+        InputFormat | None,
+        typer.Option("--format", help="Input format; default: from the file names."),
+    ] = None
+    id_field: Annotated[
+        str | None,
+        typer.Option(
+            help="Row field with the item id (a table's key column; default its primary key)."
+        ),
+    ] = None
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature; default 0 (greedy, reproducible).")
+    ] = None
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling; default 1.")] = None
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Most tokens generated per item; default 256.")
+    ] = None
     stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeat.")] = None
-    seed: Annotated[int | None, typer.Option()] = None
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Sampling seed: makes sampling at temperature > 0 reproducible."),
+    ] = None
     choices: Annotated[str | None, typer.Option(help="Comma-separated allowed answers.")] = None
     json_schema: Annotated[
         Path | None, typer.Option(help="JSON Schema file the output must match.")
     ] = None
     regex: Annotated[str | None, typer.Option(help="Regex the output must match.")] = None
-    output_format: Annotated[OutputFormat, typer.Option()] = OutputFormat.JSONL
+    output_format: Annotated[OutputFormat, typer.Option(help="Format of the output parts.")] = (
+        OutputFormat.JSONL
+    )
     shard_size: Annotated[int | None, typer.Option(help="Rows per shard.")] = None
-    max_concurrent_shards: Annotated[int | None, typer.Option()] = None
+    max_concurrent_shards: Annotated[
+        int | None, typer.Option(help="Shards of the job that run at once; default 4.")
+    ] = None
     dedup: Annotated[
         bool | None,
         typer.Option(
@@ -317,6 +351,9 @@ async def check_inputs(spec: JobSpec, settings: Settings) -> None:
     """The check the plan_job activity runs (inputs exist and are readable, the prompt's
     fields are there, it renders the first row), here for an answer before anything is
     scheduled."""
-    await asyncio.to_thread(
-        planning.inspect_inputs, spec, storage.Stores(settings), settings.render_limits
-    )
+    if not spec.table_input:
+        await asyncio.to_thread(
+            planning.inspect_inputs, spec, storage.stores.Stores(settings), settings.render_limits
+        )
+    if spec.table_input or spec.table_output:
+        await tables.check_table_job(spec, settings, settings.render_limits, create_output=False)

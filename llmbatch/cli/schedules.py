@@ -14,10 +14,10 @@ from typing import Annotated, TypeVar
 import typer
 from temporalio.client import ScheduleOverlapPolicy
 
-from llmbatch import schedules
-from llmbatch.cli.common import CliError, emit_json, fail, out, run
+from llmbatch.cli.common import CliError, JsonOption, emit_json, fail, out, run
 from llmbatch.cli.options import JobOptions, check_inputs, job_options
-from llmbatch.client import connect
+from llmbatch.client import schedules
+from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import JobSpec
 
@@ -69,7 +69,7 @@ def create(
         bool,
         typer.Option(help="Check the inputs now, as submit does; --no-check if they come later."),
     ] = True,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Run a job on a cron schedule; every run is a new job."""
     try:
@@ -136,7 +136,7 @@ async def _create(
 
 
 @app.command("list")
-def list_(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def list_(as_json: JsonOption = False) -> None:
     """List the schedules that start llm-batch jobs."""
     run(_list(Settings(), as_json=as_json))
 
@@ -161,8 +161,8 @@ async def _list(settings: Settings, *, as_json: bool) -> None:
 
 @app.command("trigger")
 def trigger(
-    name: Annotated[str, typer.Argument()],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    name: Annotated[str, typer.Argument(help="The schedule's name.")],
+    as_json: JsonOption = False,
 ) -> None:
     """Start a run of the schedule now (a new job, as a scheduled run is)."""
     run(_trigger(Settings(), name, as_json=as_json))
@@ -179,8 +179,8 @@ async def _trigger(settings: Settings, name: str, *, as_json: bool) -> None:
 
 @app.command("delete")
 def delete(
-    name: Annotated[str, typer.Argument()],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    name: Annotated[str, typer.Argument(help="The schedule's name.")],
+    as_json: JsonOption = False,
 ) -> None:
     """Delete a schedule; jobs it started go on."""
     run(_delete(Settings(), name, as_json=as_json))

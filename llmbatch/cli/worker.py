@@ -48,7 +48,7 @@ def _show_engine_help(keyword: str | None) -> None:
     # Eager: answers before --model is asked for.
     if keyword is None:
         return
-    from llmbatch.engine import engine_args_help
+    from llmbatch.engine.options import engine_args_help
 
     typer.echo(engine_args_help(keyword))
     raise typer.Exit()
@@ -103,14 +103,15 @@ def gpu(
     except StartupCheckFailed as exc:
         raise fail(str(exc)) from None
 
-    from llmbatch.engine import EngineArgumentError, EngineOptions
+    from llmbatch.engine.errors import EngineArgumentError
+    from llmbatch.engine.options import EngineOptions
 
     try:
         options = EngineOptions.from_cli_args(model, engine_args or [])
     except EngineArgumentError as exc:
         raise fail(str(exc)) from None
 
-    from llmbatch.engine import EngineMemoryError
+    from llmbatch.engine.cpu import EngineMemoryError
     from workers import gpu as gpu_worker
 
     try:
@@ -147,7 +148,7 @@ def remote(
 
     The API key is read from the environment variable (or file) the endpoint names.
     """
-    from llmbatch.engine_interface import EndpointRefusedError
+    from llmbatch.engine.errors import EndpointRefusedError
     from llmbatch.remote.endpoints import EndpointError
     from workers import remote as remote_worker
     from workers.preflight import StartupCheckFailed, check_now

@@ -8,6 +8,7 @@ shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
 
 - ``spec``: what a caller sends (JobSpec and its parts).
 - ``states``: job states, item statuses and error classes (enums).
+- ``explanations``: each error class's and failure type's cause and remedy.
 - ``names``: workflow, activity, signal, query and update names; workflow ids.
 - ``messages``: what travels between workflows and activities (references and
   counts, never rows).
@@ -15,4 +16,8 @@ shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
 - ``search_attributes``: the custom search attributes jobs carry.
 - ``priority``: a job's task-queue priority and tenant (Temporal's ``Priority``).
 - ``progress``: the one-line progress text shown in the Web UI and the CLI.
+- ``states`` also holds the item state machine (``ITEM_TRANSITIONS``) and ``names``
+  the naming rules of models (``model_identity``, ``model_slug``).
+
+May import: nothing of llmbatch outside the contract (tests/workflows/test_imports.py).
 """

@@ -1,10 +1,13 @@
-"""Names of workflows, activities, signals, queries and updates, and workflow ids.
+"""Names of workflows, activities, signals, queries and updates, and workflow ids;
+and the naming rules of models (:func:`model_identity`, :func:`model_slug`).
 
 Workflows call activities by these names, so they never import the modules that
 hold boto3, asyncpg or vLLM; callers in other languages use them too.
 """
 
 from __future__ import annotations
+
+import re
 
 # Workflow types.
 BATCH_JOB_WORKFLOW = "BatchJobWorkflow"
@@ -58,3 +61,25 @@ def redrive_shard_workflow_id(job_id: str, redrive: int, shard: int) -> str:
 
 def dead_letter_workflow_id(job_id: str) -> str:
     return f"{job_id}/dlq"
+
+
+# --- models ----------------------------------------------------------------------
+
+# The slug keeps a queue name readable; the hash of the full id keeps it unique, so
+# '/a/Model' and '/b/model' (or 'Org/M' and 'org-m') never share a queue.
+MODEL_HASH_CHARS = 10
+MODEL_SLUG_CHARS = 80
+
+
+def model_identity(model: str) -> str:
+    """The model as jobs and workers compare it: the id or path as given, without
+    trailing slashes ('/m/' and '/m' name one model). Paths are not resolved: the
+    machine that names a model need not be the one that loads it."""
+    return model.rstrip("/") or model
+
+
+def model_slug(model: str) -> str:
+    """A readable, task-queue-safe form of the whole model id or path (the end of a
+    long one, which tells models apart better than a shared prefix)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_identity(model)).strip("-.").lower()
+    return slug[-MODEL_SLUG_CHARS:].lstrip("-.") or "model"

@@ -13,12 +13,9 @@ Pure data, safe to import in workflows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from temporalio.common import Priority
-
-if TYPE_CHECKING:
-    from llmbatch.contract.spec import JobSpec
 
 # Temporal's default number of priority levels (the server's matching.priorityLevels):
 # 1 runs first, 5 last.
@@ -33,7 +30,21 @@ MIN_TENANT_WEIGHT = 0.001
 MAX_TENANT_WEIGHT = 1000.0
 
 
-def task_priority(spec: JobSpec) -> Priority:
+class Prioritized(Protocol):
+    """What priority reads of a job spec (a :class:`~llmbatch.contract.spec.JobSpec` is
+    one). A protocol, so this module needs nothing of spec.py, which imports it."""
+
+    @property
+    def priority(self) -> int | None: ...
+
+    @property
+    def tenant(self) -> str | None: ...
+
+    @property
+    def tenant_weight(self) -> float | None: ...
+
+
+def task_priority(spec: Prioritized) -> Priority:
     """The task-queue priority of ``spec``'s workflows and activities.
 
     Fields the spec leaves out stay unset, which Temporal reads as "inherit from the
@@ -47,7 +58,7 @@ def task_priority(spec: JobSpec) -> Priority:
     )
 
 
-def describe(spec: JobSpec) -> str:
+def describe(spec: Prioritized) -> str:
     """'priority 1, tenant team-a (weight 2)' for the Web UI's lines; '' when the spec
     sets neither (the job runs at the default priority, without a tenant)."""
     parts = []

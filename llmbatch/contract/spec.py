@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Self
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmbatch.contract import uris
+from llmbatch.contract import tables, uris
 from llmbatch.contract.priority import (
     HIGHEST_PRIORITY,
     LOWEST_PRIORITY,
@@ -45,6 +45,8 @@ class InputFormat(enum.StrEnum):
     CSV = "csv"
     PARQUET = "parquet"
     OPENAI = "openai"
+    # A Postgres table or read-only query (llmbatch.contract.tables): set from the URI.
+    TABLE = "table"
 
 
 class Task(enum.StrEnum):
@@ -59,6 +61,8 @@ class Task(enum.StrEnum):
 
 
 class OutputFormat(enum.StrEnum):
+    """How a job's output parts are written: JSON lines, or Parquet columns."""
+
     JSONL = "jsonl"
     PARQUET = "parquet"
 
@@ -71,8 +75,10 @@ class _Strict(BaseModel):
 class ChatMessage(_Strict):
     """One chat message; ``content`` is a Jinja2 template over the row's fields."""
 
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(min_length=1)
+    role: Literal["system", "user", "assistant"] = Field(description="Who speaks.")
+    content: str = Field(
+        min_length=1, description="A Jinja2 template over the row's fields, e.g. '{{ text }}'."
+    )
 
 
 class SamplingSpec(_Strict):
@@ -82,14 +88,24 @@ class SamplingSpec(_Strict):
     """
 
     # Greedy by default: a re-run of a batch job gives the same answers.
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(default=256, ge=1, le=131072)
-    stop: list[str] | None = None
-    seed: int | None = None
-    choice: list[str] | None = Field(default=None, min_length=1)
-    json_schema: dict[str, Any] | None = None
-    regex: str | None = None
+    temperature: float = Field(
+        default=0.0, ge=0.0, le=2.0, description="0 is greedy: the same request, the same answer."
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    max_tokens: int = Field(
+        default=256, ge=1, le=131072, description="Most tokens generated for one item."
+    )
+    stop: list[str] | None = Field(default=None, description="Strings that end the output.")
+    seed: int | None = Field(
+        default=None, description="Makes sampling reproducible at a temperature above 0."
+    )
+    choice: list[str] | None = Field(
+        default=None, min_length=1, description="The output is exactly one of these strings."
+    )
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="The output is JSON matching this JSON Schema (parsed)."
+    )
+    regex: str | None = Field(default=None, description="The output matches this regex.")
     truncate_prompt_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -166,7 +182,13 @@ class RetrySpec(_Strict):
     """How hard llm-batch retries a shard's steps (transient failures) before the shard
     is reported failed."""
 
-    max_activity_attempts: int = Field(default=10, ge=1, le=100)
+    max_activity_attempts: int = Field(
+        default=10,
+        ge=1,
+        le=100,
+        description="Attempts of each step before its shard fails and its items die as "
+        "ShardFailed.",
+    )
 
 
 class ApiEndpoint(enum.StrEnum):
@@ -194,8 +216,8 @@ class ApiBatch(_Strict):
 
     # A project is also the batch's tenant (its fair share of the workers), so it is
     # named as tenants are.
-    project: str = Field(pattern=TENANT_PATTERN)
-    endpoint: ApiEndpoint
+    project: str = Field(pattern=TENANT_PATTERN, description="The API key's project.")
+    endpoint: ApiEndpoint = Field(description="The batch's one request kind.")
     completion_window_s: int = Field(
         ge=1, description="Seconds from creation after which unfinished requests stop."
     )
@@ -216,7 +238,10 @@ class JobSpec(_Strict):
     ]
     inputs: list[str] = Field(
         min_length=1,
-        description="s3://bucket/key (globs allowed), file:///path or a plain path.",
+        description="s3://bucket/key (globs allowed), file:///path or a plain path; or one "
+        "Postgres table, postgresql://[user@]host:port/db?table=[schema.]name, or read-only "
+        "query, postgresql://[user@]host:port/db?query=SELECT... (its password from the "
+        "worker's environment, never the URI).",
     )
     input_format: InputFormat | None = Field(
         default=None, description="Detected from the file name when not given."
@@ -244,7 +269,11 @@ class JobSpec(_Strict):
     embedding: EmbedSpec | None = Field(
         default=None, description="Embed jobs' options (default: EmbedSpec())."
     )
-    model: str = Field(min_length=1)
+    model: str = Field(
+        min_length=1,
+        description="Hugging Face model id or local path; only workers that loaded exactly "
+        "this model run the job.",
+    )
     remote_endpoint: str | None = Field(
         default=None,
         pattern=ENDPOINT_NAME_PATTERN,
@@ -258,16 +287,36 @@ class JobSpec(_Strict):
         description="Remote endpoints: pause the job (never fail it) when what its requests "
         "cost at the endpoint's prices reaches this many USD; resume goes on past it.",
     )
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    shard_size: int = Field(default=1000, ge=1, le=100_000)
-    max_concurrent_shards: int = Field(default=4, ge=1, le=500)
-    output_uri: str = Field(min_length=1, description="Results go under <output_uri>/<job_id>/.")
-    output_format: OutputFormat = OutputFormat.JSONL
+    sampling: SamplingSpec = Field(
+        default_factory=SamplingSpec, description="Sampling and structured output."
+    )
+    shard_size: int = Field(
+        default=1000, ge=1, le=100_000, description="Rows per shard: the unit of work and retry."
+    )
+    max_concurrent_shards: int = Field(
+        default=4, ge=1, le=500, description="Shards of the job that run at once."
+    )
+    output_uri: str = Field(
+        min_length=1,
+        description="Results go under <output_uri>/<job_id>/; or into a Postgres table, "
+        "postgresql://[user@]host:port/db?table=[schema.]name, one row per item upserted "
+        "by item id (created if absent).",
+    )
+    work_uri: str | None = Field(
+        default=None,
+        description="Jobs whose output is a table: where the job keeps its plans, staging, "
+        "error parts and manifest (default s3://<the workers' bucket>/tables).",
+    )
+    output_format: OutputFormat = Field(
+        default=OutputFormat.JSONL, description="How the output parts are written."
+    )
     output_fields: list[str] | None = Field(
         default=None, description="Input fields copied to each output row; default all."
     )
-    max_row_bytes: int = Field(default=1 << 20, ge=1, le=64 << 20)
-    retry: RetrySpec = Field(default_factory=RetrySpec)
+    max_row_bytes: int = Field(
+        default=1 << 20, ge=1, le=64 << 20, description="Larger rows die as RowTooLarge."
+    )
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Retries of a shard's steps.")
     dedup: bool = Field(
         default=True,
         description="Generate each distinct request of the job once and share its result "
@@ -318,6 +367,11 @@ class JobSpec(_Strict):
     def _no_blank_inputs(cls, value: list[str]) -> list[str]:
         if any(not v.strip() for v in value):
             raise ValueError("an input URI is empty")
+        if any(tables.is_table_uri(v) for v in value):
+            if len(value) > 1:
+                raise ValueError("a table or query input is a job's only input")
+            tables.parse_table_uri(value[0])  # its TableUriError is a ValueError
+            return value
         for uri in value:
             _no_parent_segment(uri, "input")
         return value
@@ -327,6 +381,9 @@ class JobSpec(_Strict):
     def _output_where_results_may_go(cls, value: str) -> str:
         # Refused here, before any work: an unknown scheme would otherwise fail only
         # when the first shard writes, and a ".." could write outside the folder.
+        if tables.is_table_uri(value):
+            tables.parse_table_uri(value, output=True)
+            return value
         scheme = uris.scheme_of(value)
         if scheme not in uris.SUPPORTED_SCHEMES:
             raise ValueError(
@@ -335,6 +392,34 @@ class JobSpec(_Strict):
             )
         _no_parent_segment(value, "output")
         return value
+
+    @model_validator(mode="after")
+    def _table_input(self) -> Self:
+        table_input = tables.is_table_uri(self.inputs[0])
+        if table_input and self.input_format not in (None, InputFormat.TABLE):
+            raise ValueError("a table or query input is read as a table; drop 'input_format'")
+        if not table_input and self.input_format is InputFormat.TABLE:
+            raise ValueError("input_format 'table' needs a postgresql:// input")
+        if table_input and self.id_field is None:
+            if tables.parse_table_uri(self.inputs[0]).query is not None:
+                raise ValueError(
+                    "a query input needs id_field: the unique key column its shards are cut by"
+                )
+        if self.work_uri is not None:
+            if uris.scheme_of(self.work_uri) not in uris.SUPPORTED_SCHEMES:
+                raise ValueError("work_uri must be s3://bucket/prefix, file:///abs/path or a path")
+            _no_parent_segment(self.work_uri, "work")
+        return self
+
+    @property
+    def table_input(self) -> bool:
+        """Whether the job reads a Postgres table or query."""
+        return tables.is_table_uri(self.inputs[0])
+
+    @property
+    def table_output(self) -> bool:
+        """Whether the job upserts its results into a Postgres table."""
+        return tables.is_table_uri(self.output_uri)
 
     @property
     def embed_options(self) -> EmbedSpec:

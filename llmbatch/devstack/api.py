@@ -93,7 +93,7 @@ class DevApi:
         return self._status(self._load(), key)
 
     def _start(self, port: int) -> _Record:
-        from llmbatch.demo import settings_env
+        from llmbatch.devstack.demo import settings_env
 
         pid = process.start(
             [sys.executable, "-m", "llmbatch.cli.main", "serve", "--port", str(port)],
@@ -121,14 +121,15 @@ class DevApi:
     def _local_key(self) -> str:
         """The key in ``api-key`` while the database knows it, else a new one."""
         from llmbatch import ledger
-        from llmbatch.api import auth, store
+        from llmbatch.api import auth
+        from llmbatch.ledger import api_records
 
         async def ensure(saved: str | None) -> str | None:
-            pool = await ledger.create_pool(
+            pool = await ledger.db.create_pool(
                 self.settings.postgres_dsn.get_secret_value(), max_size=1
             )
             try:
-                if saved and await store.project_of_key(pool, key_hash=auth.hash_key(saved)):
+                if saved and await api_records.project_of_key(pool, key_hash=auth.hash_key(saved)):
                     return None
                 return (await auth.create_key(pool, project=LOCAL_PROJECT)).secret
             finally:

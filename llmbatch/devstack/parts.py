@@ -1,4 +1,8 @@
-"""How each part of the embedded stack is started, checked and stopped."""
+"""How each part of the embedded stack is started, checked and stopped.
+
+About 600 lines: the three parts (Temporal, Postgres, SeaweedFS) side by side, each
+a start, a readiness check and a stop, so they read alike; dev and test tooling only.
+"""
 
 from __future__ import annotations
 
@@ -225,7 +229,7 @@ class TemporalPart(Part):
             ListSearchAttributesRequest,
         )
 
-        from llmbatch.client import connect_to
+        from llmbatch.client.temporal import connect_to
         from llmbatch.security.connection import TemporalTarget
 
         namespace = self.settings.temporal_namespace
@@ -441,7 +445,7 @@ class PostgresPart(Part):
     async def _create_database_and_migrate(self) -> None:
         import asyncpg
 
-        from llmbatch.migrate import apply_migrations
+        from llmbatch.ledger.migrate import apply_migrations
 
         database = self.settings.postgres_database
         conn = await asyncpg.connect(self._admin_dsn(), timeout=_PROBE_TIMEOUT_S)
@@ -561,7 +565,7 @@ class SeaweedPart(Part):
         return known >= len(local)
 
     def _bucket_answers(self) -> bool:
-        from llmbatch.storage import s3_client
+        from llmbatch.storage.s3 import s3_client
 
         client = s3_client(self.settings, max_attempts=1, timeout_s=_PROBE_TIMEOUT_S)
         client.head_bucket(Bucket=self.settings.s3_bucket)

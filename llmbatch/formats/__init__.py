@@ -8,7 +8,17 @@ writing output files.
 - :mod:`~llmbatch.formats.readers`: :func:`read_shard` yields :class:`SourceRow`; bad
   rows come back with an error and their line, never raise.
 - :mod:`~llmbatch.formats.writers`: output JSONL/Parquet (staged records between a
-  shard's steps are :mod:`llmbatch.records`).
+  shard's steps are :mod:`llmbatch.formats.records`).
+- :mod:`~llmbatch.formats.openai_batch`: the OpenAI Batch API's request and output
+  lines and the validation of a whole batch file.
+- :mod:`~llmbatch.formats.records`: the staged rows and requests a shard's steps hand
+  each other (JSONL); :mod:`~llmbatch.formats.vectors`: an embed job's staged vectors.
+- :mod:`~llmbatch.formats.planning`: planning a job: inputs into shards, templates
+  checked on the first rows.
+
+May import: ``llmbatch.contract``, ``llmbatch.storage`` and
+``llmbatch.rendering`` (planning renders); the ledger only for types
+(``TYPE_CHECKING``); never the engine, dedup or activities.
 """
 
 from llmbatch.contract.spec import InputFormat

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from llmbatch.formats.detection import FormatError
-from llmbatch.storage import ObjectStore
+from llmbatch.storage.base import ObjectStore
 
 _BUFFER = 1 << 20
 

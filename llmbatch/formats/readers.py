@@ -24,7 +24,7 @@ from llmbatch.formats.detection import (
 from llmbatch.formats.parquet import jsonable, open_parquet, row_group_starts
 from llmbatch.formats.scanning import iter_chunks, scan_records
 from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, parse_header
-from llmbatch.storage import ObjectInfo, ObjectStore, StorageError
+from llmbatch.storage.base import ObjectInfo, ObjectStore, StorageError
 
 MAX_ROW_BYTES = 1 << 20
 _PARQUET_BATCH_ROWS = 1024

@@ -19,7 +19,7 @@ from llmbatch.contract.spec import InputFormat
 from llmbatch.formats.detection import UTF8_BOM, FormatError, csv_delimiter
 from llmbatch.formats.parquet import open_parquet, row_group_starts
 from llmbatch.formats.scanning import iter_chunks, scan_records
-from llmbatch.storage import ObjectInfo, ObjectStore
+from llmbatch.storage.base import ObjectInfo, ObjectStore
 
 CHUNK_BYTES = 4 << 20
 # A CSV header longer than this is not a header but a broken file.
@@ -29,7 +29,8 @@ StoreFor = Callable[[str], ObjectStore]
 
 
 class ShardPlan(BaseModel):
-    """One shard: a record-aligned byte range (JSONL, CSV) or a row range (Parquet)."""
+    """One shard: a record-aligned byte range (JSONL, CSV), a row range (Parquet) or a
+    key range (a table)."""
 
     index: int = Field(description="Position of the shard in the job, from 0.")
     uri: str = Field(description="The one object the shard reads.")
@@ -48,6 +49,11 @@ class ShardPlan(BaseModel):
     row_offset: int = Field(default=0, description="Parquet: file row of the first row.")
     row_group_start: int = Field(default=0, description="Parquet: row groups [start, end).")
     row_group_end: int = 0
+    # A table or query (llmbatch.tables.source): the rows with key_after < key <= key_upto.
+    key_after: str | None = Field(default=None, description="Table: keys above this (text).")
+    key_upto: str | None = Field(default=None, description="Table: keys up to this (text).")
+    key_type: str | None = Field(default=None, description="Table: the key's SQL type.")
+    id_field: str | None = Field(default=None, description="Table: the key column.")
 
 
 def plan_shards(

@@ -1,7 +1,7 @@
 """Output files (JSONL, Parquet).
 
 The records staged between a shard's steps are JSONL too, but typed: see
-:mod:`llmbatch.records`.
+:mod:`llmbatch.formats.records`.
 """
 
 from __future__ import annotations

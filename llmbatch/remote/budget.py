@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from llmbatch.ledger import Database
+from llmbatch.ledger.db import Database
 
 # A lease covers about this much sending at the current rate.
 LEASE_S = 0.25

@@ -17,7 +17,7 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmbatch.contract.spec import ENDPOINT_NAME_PATTERN
-from llmbatch.ledger import Database
+from llmbatch.ledger.db import Database
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 

@@ -1,6 +1,6 @@
 """The remote engine: requests to an OpenAI-compatible endpoint, inside its limits.
 
-The second :class:`~llmbatch.engine_interface.InferenceEngine`: the ``generate``
+The second :class:`~llmbatch.engine.base.BatchEngine`: the ``generate``
 activity drives it as it drives the in-process vLLM engine. Each request waits for
 the endpoint's shared budget (:mod:`.budget`) and a connection slot
 (``max_concurrency`` per worker), then is sent; the answer is classed
@@ -28,20 +28,21 @@ from typing import Any
 from llmbatch import telemetry
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.contract.states import ErrorClass
-from llmbatch.engine import (
+from llmbatch.engine.base import EngineUsage
+from llmbatch.engine.errors import EndpointRefusedError
+from llmbatch.engine.options import EngineOptions
+from llmbatch.engine.requests import (
     EmbeddingRequest,
     EmbeddingResult,
-    EngineUsage,
     GenerationRequest,
     GenerationResult,
-    _check_structured,
-    _embed_failed,
-    _failed,
-    _prepare,
-    _run_many,
+    check_structured,
+    embed_failed,
+    failed,
+    prepare,
 )
-from llmbatch.engine_interface import EndpointRefusedError
-from llmbatch.ledger import Database
+from llmbatch.engine.vllm_engine import _run_many
+from llmbatch.ledger.db import Database
 from llmbatch.remote.budget import Budget
 from llmbatch.remote.endpoints import Endpoint
 from llmbatch.remote.http import Answer, Transport, Verdict, backoff_s
@@ -80,6 +81,9 @@ class RemoteEngine:
     ) -> None:
         self.endpoint = endpoint
         self._model = model
+        # What the generate activity reads of any engine (llmbatch.engine.base): the
+        # model it serves; no vLLM engine arguments here.
+        self.options = EngineOptions(model=model)
         self._transport = transport
         self._kind = kind
         self._tokenizer = tokenizer
@@ -260,21 +264,19 @@ class RemoteEngine:
         self, request: GenerationRequest, *, usage: EngineUsage | None = None
     ) -> GenerationResult:
         started = time.perf_counter()
-        prepared = _prepare(request.sampling)
+        prepared = prepare(request.sampling)
         if prepared.schema_error is not None:
-            return _failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
+            return failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
         payload = self._payload(request)
         if isinstance(payload, str):
-            return _failed(request, ErrorClass.INVALID_REQUEST, payload)
+            return failed(request, ErrorClass.INVALID_REQUEST, payload)
         path, body = payload
         estimate = self.prompt_tokens(request) + request.sampling.max_tokens
         job = job_of(request.request_id)
         answer = await self._send(path, body, tokens=estimate, job=job, usage=usage)
         if answer.verdict is Verdict.ITEM_DEAD:
             self.budget.correct(estimated=estimate, actual=0)
-            return _failed(
-                request, answer.error_class or ErrorClass.INVALID_REQUEST, answer.message
-            )
+            return failed(request, answer.error_class or ErrorClass.INVALID_REQUEST, answer.message)
         telemetry.metrics().engine_requests.add(1, {"llmbatch.model": self._model})
         body_out = answer.body if isinstance(answer.body, dict) else {}
         choice = (body_out.get("choices") or [{}])[0]
@@ -290,7 +292,7 @@ class RemoteEngine:
         self.budget.correct(estimated=estimate, actual=prompt_tokens + completion_tokens)
         self.usage_book.tokens(job, prompt=prompt_tokens, completion=completion_tokens)
         if finish not in ("stop", "length"):
-            return _failed(
+            return failed(
                 request,
                 ErrorClass.INVALID_REQUEST,
                 f"the endpoint ended the answer with finish_reason {finish!r}",
@@ -304,7 +306,7 @@ class RemoteEngine:
             completion_tokens=completion_tokens,
             latency_ms=(time.perf_counter() - started) * 1000.0,
         )
-        _check_structured(result, request.sampling, prepared)
+        check_structured(result, request.sampling, prepared)
         return result
 
     async def embed(
@@ -317,7 +319,7 @@ class RemoteEngine:
             body["dimensions"] = options.dimensions
         if options.truncate_prompt_tokens is not None:
             if not self._kind.vllm:
-                return _embed_failed(
+                return embed_failed(
                     request,
                     ErrorClass.INVALID_REQUEST,
                     "truncate_prompt_tokens needs a vLLM server",
@@ -328,14 +330,14 @@ class RemoteEngine:
         answer = await self._send("/embeddings", body, tokens=estimate, job=job, usage=usage)
         if answer.verdict is Verdict.ITEM_DEAD:
             self.budget.correct(estimated=estimate, actual=0)
-            return _embed_failed(
+            return embed_failed(
                 request, answer.error_class or ErrorClass.INVALID_REQUEST, answer.message
             )
         body_out = answer.body if isinstance(answer.body, dict) else {}
         data = sorted(body_out.get("data") or [], key=lambda d: d.get("index", 0))
         vectors = [struct.pack(f"<{len(d['embedding'])}f", *d["embedding"]) for d in data]
         if len(vectors) != len(request.texts):
-            return _embed_failed(
+            return embed_failed(
                 request,
                 ErrorClass.INVALID_REQUEST,
                 f"the endpoint answered {len(vectors)} vectors for {len(request.texts)} texts",

@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.client import Client
 
 from llmbatch.contract.names import PAUSE_UPDATE
-from llmbatch.ledger import Database
+from llmbatch.ledger.db import Database
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmbatch.ledger import Database
+from llmbatch.ledger.db import Database
 
 
 @dataclass(slots=True)
@@ -53,11 +53,11 @@ async def endpoint_state(pool: Database, name: str) -> EndpointState:
 async def job_lines(dsn: str, job_id: str, *, items_done: int) -> list[str]:
     """What ``status`` shows of a job's remote work: why llm-batch paused it, and its
     requests, 429s, retries and cost on each endpoint (nothing for a GPU job)."""
-    from llmbatch import ledger
+    from llmbatch.ledger.db import create_pool
     from llmbatch.remote.pause import paused_reason
     from llmbatch.remote.usage import job_usage
 
-    pool = await ledger.create_pool(dsn, max_size=1)
+    pool = await create_pool(dsn, max_size=1)
     try:
         reason = await paused_reason(pool, job_id=job_id)
         usage = await job_usage(pool, job_id=job_id)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from llmbatch.ledger import Database
+from llmbatch.ledger.db import Database
 from llmbatch.remote.endpoints import Endpoint
 
 log = logging.getLogger(__name__)

@@ -28,11 +28,11 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger, storage
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.spec import EmbedSpec, JobSpec, OutputFormat, Task
-from llmbatch.engine import cpu_engine_env
+from llmbatch.engine.cpu import cpu_engine_env
 from tests.fixtures.embed_worker import DIM, HF_OVERRIDES, EmbedWorker
 from tests.fixtures.worker_processes import job_result, maps_tcmalloc, stop_worker, until_done
 from tests.llmbatch.cli.test_jobs import cli
@@ -134,7 +134,7 @@ def jsonl(uri: str) -> list[dict[str, Any]]:
 
 
 def manifest(summary_manifest: str, settings: Settings) -> dict[str, Any]:
-    store = storage.open_store(summary_manifest, settings)
+    store = storage.stores.open_store(summary_manifest, settings)
     return dict(json.loads(store.read_bytes(summary_manifest)))
 
 
@@ -203,9 +203,9 @@ async def test_dimensions_and_normalize_are_honoured_and_a_size_the_model_lacks_
 
     # 48 is not one of the model's Matryoshka sizes: vLLM refuses it, every item dies.
     assert (refused_summary.items_succeeded, refused_summary.items_dead) == (0, 40)
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        dead = await ledger.dead_items(pool, job_id=refused.job_id)
+        dead = await ledger.dead_letters.dead_items(pool, job_id=refused.job_id)
     finally:
         await pool.close()
     assert {d.error_class for d in dead} == {"InvalidRequest"}
@@ -351,13 +351,13 @@ async def test_a_killed_embed_worker_re_embeds_only_what_was_in_flight(
         max_concurrent_shards=2,
     )
     settings = embed_worker.settings
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
         handle, _ = await start_job(temporal_client, spec, settings=settings)
         # Killed while items are claimed and unfinished, not on a shard boundary.
         await until_done(pool, spec.job_id, total // 4, in_flight=True)
         os.killpg(embed_worker.proc.pid, signal.SIGKILL)
-        at_kill = await ledger.job_counts(pool, job_id=spec.job_id)
+        at_kill = await ledger.jobs.job_counts(pool, job_id=spec.job_id)
         stop_worker(embed_worker.proc)
         embed_worker.restart()
         summary = await asyncio.wait_for(job_result(handle), 900)

@@ -6,13 +6,13 @@ import asyncpg
 import pytest
 
 from activities.context import ActivityContext
-from activities.generate import _Recorder
 from llmbatch import ledger
 from llmbatch.config import Settings
 from llmbatch.contract.messages import GenerateProgress, JobLayout, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec
-from llmbatch.engine import GenerationResult
-from llmbatch.records import StagedRequest
+from llmbatch.engine.requests import GenerationResult
+from llmbatch.formats.records import StagedRequest
+from llmbatch.generation.recorder import Recorder
 
 JOB, LEASE = "nul-job", "nul-job/shard-00000/3#1"
 
@@ -22,13 +22,15 @@ async def test_a_nul_character_in_model_output_is_stored_not_fatal(
 ) -> None:
     # Postgres text and jsonb cannot hold NUL; a model with random weights emits it
     # often enough that, unhandled, it failed whole shards on every retry.
-    item = ledger.NewItem(item_id="row-0", ordinal=0, prompt_hash=None, source="rows:1")
-    await ledger.register_items(ledger_pool, job_id=JOB, shard=0, items=[item])
+    item = ledger.items.NewItem(item_id="row-0", ordinal=0, prompt_hash=None, source="rows:1")
+    await ledger.items.register_items(ledger_pool, job_id=JOB, shard=0, items=[item])
     with pytest.raises(asyncpg.UntranslatableCharacterError):
         # What the recorder must not send as it is.
-        raw = ledger.ItemResult("row-0", {"text": "a\x00b"}, 1, 1, 1.0)
-        await ledger.claim_items(ledger_pool, job_id=JOB, item_ids=["row-0"], lease_owner=LEASE)
-        await ledger.record_results(ledger_pool, job_id=JOB, lease_owner=LEASE, results=[raw])
+        raw = ledger.items.ItemResult("row-0", {"text": "a\x00b"}, 1, 1, 1.0)
+        await ledger.items.claim_items(
+            ledger_pool, job_id=JOB, item_ids=["row-0"], lease_owner=LEASE
+        )
+        await ledger.items.record_results(ledger_pool, job_id=JOB, lease_owner=LEASE, results=[raw])
 
     spec = JobSpec(
         job_id=JOB,
@@ -46,7 +48,7 @@ async def test_a_nul_character_in_model_output_is_stored_not_fatal(
         gpu_task_queue="q",
     )
     todo = [StagedRequest(item_id="row-0", source="rows:1", messages=[])]
-    recorder = _Recorder(
+    recorder = Recorder(
         ActivityContext(settings=Settings(), pool=ledger_pool),
         shard,
         LEASE,
@@ -60,7 +62,7 @@ async def test_a_nul_character_in_model_output_is_stored_not_fatal(
     )
     await recorder.flush()
 
-    (row,) = await ledger.shard_results(ledger_pool, job_id=JOB, shard=0)
+    (row,) = await ledger.items.shard_results(ledger_pool, job_id=JOB, shard=0)
     assert row.status == "succeeded"
     assert row.result == {
         "text": "a\ufffdb",

@@ -18,16 +18,16 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.contract.messages import JobSummary
+from llmbatch.contract.messages import JobSummary, Usage
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
-from llmbatch.tiny_model import build_tiny_model
+from llmbatch.devstack.demo import wait_for_pollers
+from llmbatch.devstack.tiny_model import build_tiny_model
 from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
 
 if TYPE_CHECKING:
-    from llmbatch.engine import Engine
+    from llmbatch.engine.vllm_engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -76,12 +76,12 @@ def _output(out: Path, job_id: str) -> list[dict[str, Any]]:
     ]
 
 
-async def _usage(settings: Settings, job_id: str) -> tuple[ledger.Usage, int]:
+async def _usage(settings: Settings, job_id: str) -> tuple[Usage, int]:
     """The job's usage, and how many dedup leads it left behind."""
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
         leads = await pool.fetchval("SELECT count(*) FROM dedup_leads WHERE job_id = $1", job_id)
-        return await ledger.usage(pool, job_id=job_id), leads
+        return await ledger.usage.usage(pool, job_id=job_id), leads
     finally:
         await pool.close()
 
@@ -199,7 +199,7 @@ async def test_a_worker_on_rebuilt_weights_misses_the_cache_its_old_weights_fill
     out = tmp_path / "out"
     queue = workers.gpu_task_queue(model)
 
-    async def run_on_a_worker(log: str, *specs: JobSpec) -> list[ledger.Usage]:
+    async def run_on_a_worker(log: str, *specs: JobSpec) -> list[Usage]:
         proc = gpu_worker_process(workers, model, tmp_path / log)
         try:
             await wait_for_pollers(temporal_client, [queue], procs=[proc], within_s=300)

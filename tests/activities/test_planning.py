@@ -19,7 +19,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.context import ActivityContext
 from activities.planning import PlanningActivities
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import FinalizeInput, JobLayout, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
@@ -132,7 +132,9 @@ async def test_a_job_of_no_items_is_finalized_at_the_first_attempt(
     job_id = f"empty-{uuid.uuid4().hex[:8]}"
     output_root = f"file://{tmp_path / 'out' / job_id}"
     spec = spec_for(tmp_path / "in.jsonl", tmp_path, job_id=job_id)
-    await ledger.upsert_job(ledger_pool, job_id=job_id, spec={}, model="m", output_uri=output_root)
+    await ledger.jobs.upsert_job(
+        ledger_pool, job_id=job_id, spec={}, model="m", output_uri=output_root
+    )
     finalize = PlanningActivities(ActivityContext(settings=stack, pool=ledger_pool)).finalize_job
     summary = await ActivityEnvironment().run(
         finalize,

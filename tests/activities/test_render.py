@@ -6,10 +6,10 @@ from typing import Any
 
 from activities.render import _render, _templated
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
-from llmbatch.openai_batch import CHAT_COMPLETIONS_URL
-from llmbatch.records import StagedRow
-from llmbatch.render_pool import Rendered
-from llmbatch.templates import PromptTemplate
+from llmbatch.formats.openai_batch import CHAT_COMPLETIONS_URL
+from llmbatch.formats.records import StagedRow
+from llmbatch.rendering.pool import Rendered
+from llmbatch.rendering.templates import PromptTemplate
 
 SPEC = JobSpec(
     job_id="j",

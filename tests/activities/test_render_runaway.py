@@ -19,7 +19,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress
@@ -95,7 +95,7 @@ async def test_runaway_huge_range_and_blow_up_rows_die_alone_with_safe_messages(
 
     assert summary.state == "completed_with_errors"
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (10, 6, 4)
-    pool = await ledger.create_pool(workers.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value())
     try:
         items = await items_by_id(pool, spec.job_id)
     finally:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch.config import Settings, model_slug, redact
+from llmbatch.config import Settings, redact
+from llmbatch.contract.names import model_slug
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoi
 
 from llmbatch import telemetry
 from llmbatch.contract.spec import SamplingSpec
-from llmbatch.engine import Engine, GenerationRequest
+from llmbatch.engine.requests import GenerationRequest
+from llmbatch.engine.vllm_engine import Engine
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress
 from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import settings_env, wait_for_pollers
+from llmbatch.devstack.demo import settings_env, wait_for_pollers
 from llmbatch.devstack.process import LoggedProcess
 from tests.fixtures.openai_server import CANARY_KEY, remote_worker_process
 from tests.fixtures.worker_processes import stop_worker
@@ -42,7 +42,7 @@ async def cpu_only(stack: Settings, temporal_client: Client) -> AsyncIterator[Se
 
 @pytest_asyncio.fixture
 async def pool(stack: Settings) -> AsyncIterator[asyncpg.Pool]:
-    p = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    p = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     try:
         yield p
     finally:

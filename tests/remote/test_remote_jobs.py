@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from temporalio.client import Client
 
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.names import RESUME_UPDATE
 from llmbatch.remote.usage import job_usage

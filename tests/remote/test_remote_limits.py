@@ -19,9 +19,9 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.remote import budget
 from tests.fixtures.openai_server import CANARY_KEY, Gateway, OpenAIServer, remote_worker_process
 from tests.fixtures.worker_processes import job_result, stop_worker, until_done
@@ -190,7 +190,7 @@ async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(
         os.kill(openai_server.proc.pid, signal.SIGSTOP)
         try:
             await asyncio.sleep(30)
-            frozen = await ledger.job_counts(pool, job_id=spec.job_id)
+            frozen = await ledger.jobs.job_counts(pool, job_id=spec.job_id)
         finally:
             os.kill(openai_server.proc.pid, signal.SIGCONT)
         summary = await asyncio.wait_for(job_result(handle), 300)

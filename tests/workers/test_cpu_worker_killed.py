@@ -25,10 +25,10 @@ from botocore.exceptions import ClientError
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from tests.fixtures.s3_faults import FaultInjectingS3Proxy
 from tests.fixtures.worker_processes import (
     cpu_worker_process,
@@ -96,7 +96,7 @@ async def test_cpu_worker_killed_in_fetch_and_in_write_every_item_once(
     root = f"out/{spec.job_id}"
     rows_key = f"{root}/_staging/shard-{FETCH_KILL_SHARD:05d}/rows.jsonl"
     part_key = f"{root}/part-{WRITE_KILL_SHARD:05d}.jsonl"
-    pool = await ledger.create_pool(workers.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value())
     procs = []
     with FaultInjectingS3Proxy(workers.s3_endpoint_url or "") as proxy:
         # A CPU queue of its own; the GPU queue stays the session's in-process worker's.

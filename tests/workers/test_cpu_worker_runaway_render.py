@@ -17,9 +17,9 @@ import psutil
 import pytest
 from temporalio.client import Client
 
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from tests.activities.test_render_runaway import poisoned_job, render_running, row
 from tests.fixtures.worker_processes import cpu_worker_process, stop_worker
 
@@ -30,7 +30,7 @@ def render_children(worker: psutil.Process) -> list[psutil.Process]:
     return [
         p
         for p in worker.children(recursive=True)
-        if "llmbatch.render_pool" in " ".join(p.cmdline())
+        if "llmbatch.rendering.pool" in " ".join(p.cmdline())
     ]
 
 

@@ -17,10 +17,10 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     job_result,
@@ -57,7 +57,7 @@ async def test_dead_engine_exits_the_worker_and_the_job_completes(
         max_concurrent_shards=2,
         output_uri=f"file://{tmp_path / 'out'}",
     )
-    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     first = gpu_worker_process(stack, model, tmp_path / "gpu-1.log")
     second = None
     try:

@@ -22,10 +22,10 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.devstack.process import LoggedProcess
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
@@ -44,14 +44,14 @@ DISTINCT = 500
 IN_FLIGHT_WINDOW = 2 * 2 * 64
 
 
-async def settled_counts(pool: asyncpg.Pool, job_id: str) -> ledger.JobCounts:
+async def settled_counts(pool: asyncpg.Pool, job_id: str) -> ledger.jobs.JobCounts:
     """The job's counts once the killed worker's last statements are done: a flush the
     worker sent just before it died still commits in Postgres, so the counts are read
     until two reads a second apart agree (nothing else writes before the new worker)."""
-    counts = await ledger.job_counts(pool, job_id=job_id)
+    counts = await ledger.jobs.job_counts(pool, job_id=job_id)
     while True:
         await asyncio.sleep(1.0)
-        again = await ledger.job_counts(pool, job_id=job_id)
+        again = await ledger.jobs.job_counts(pool, job_id=job_id)
         if again == counts:
             return counts
         counts = again
@@ -78,7 +78,7 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
         max_concurrent_shards=2,
         output_uri=f"file://{tmp_path / 'out'}",
     )
-    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     first = gpu_worker_process(stack, model, tmp_path / "gpu-1.log")
     second: LoggedProcess | None = None
     try:
@@ -101,7 +101,7 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
         "WHERE job_id = $1",
         spec.job_id,
     )
-    usage = await ledger.usage(pool, job_id=spec.job_id)
+    usage = await ledger.usage.usage(pool, job_id=spec.job_id)
     await pool.close()
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (ROWS, ROWS, 0)

@@ -22,10 +22,10 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
-from llmbatch.demo import wait_for_pollers
+from llmbatch.devstack.demo import wait_for_pollers
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     items_by_id,
@@ -85,7 +85,7 @@ async def test_stopped_gpu_worker_wakes_up_as_a_zombie_and_changes_nothing(
         max_concurrent_shards=2,
         output_uri=f"file://{tmp_path / 'out'}",
     )
-    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     zombie_log, second_log = tmp_path / "gpu-zombie.log", tmp_path / "gpu-2.log"
     zombie = gpu_worker_process(stack, model, zombie_log)
     second = None

@@ -19,7 +19,7 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack import DevStack
@@ -50,7 +50,7 @@ async def test_postgres_restart_mid_job_every_item_once(
     )
     dsn = stack.postgres_dsn.get_secret_value()
     handle, _ = await start_job(temporal_client, spec, settings=stack)
-    pool = await ledger.create_pool(dsn)
+    pool = await ledger.db.create_pool(dsn)
     try:
         await until_done(pool, spec.job_id, ROWS // 4, in_flight=True)
     finally:
@@ -67,7 +67,7 @@ async def test_postgres_restart_mid_job_every_item_once(
     finally:
         # Whatever happened, the next tests get a running Postgres.
         await asyncio.to_thread(DevStack(stack).up)
-    pool = await ledger.create_pool(dsn)
+    pool = await ledger.db.create_pool(dsn)
     try:
         rows = await items_by_id(pool, spec.job_id)
     finally:

@@ -21,7 +21,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
+from llmbatch.devstack.demo import settings_env
 from llmbatch.devstack.process import free_port
 
 # A password in every DSN these tests give: it must show nowhere.

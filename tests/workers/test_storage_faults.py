@@ -20,10 +20,10 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec, SamplingSpec
-from llmbatch.engine import Engine
+from llmbatch.engine.vllm_engine import Engine
 from tests.fixtures.s3_faults import FaultInjectingS3Proxy
 from tests.fixtures.worker_processes import items_by_id, job_result
 from workers.cpu import cpu_worker
@@ -110,7 +110,7 @@ async def test_throttling_storage_is_ridden_out_with_no_dead_item(
             handle, _ = await start_job(temporal_client, spec, settings=own)
             summary = await asyncio.wait_for(job_result(handle), 600)
             elapsed = time.monotonic() - started_at
-    pool = await ledger.create_pool(workers.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value())
     try:
         items = await items_by_id(pool, spec.job_id)
     finally:
@@ -162,11 +162,11 @@ async def test_storage_outage_past_the_retry_budget_dead_letters_with_a_reason(
             proxy.set_outage(True)
             outage_at = time.monotonic()
             hold.release()  # that upload goes through; every call after it fails
-            pool = await ledger.create_pool(workers.postgres_dsn.get_secret_value())
+            pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value())
             try:
                 # Down until the broken shard's items are dead-lettered.
                 for _ in range(6000):
-                    counts = await ledger.job_counts(pool, job_id=spec.job_id)
+                    counts = await ledger.jobs.job_counts(pool, job_id=spec.job_id)
                     if counts.dead >= shard_size:
                         break
                     await asyncio.sleep(0.1)
@@ -175,7 +175,7 @@ async def test_storage_outage_past_the_retry_budget_dead_letters_with_a_reason(
                 summary = await asyncio.wait_for(job_result(handle), 900)
                 finished_s = time.monotonic() - outage_at
                 items = await items_by_id(pool, spec.job_id)
-                dead_letters = await ledger.dead_items(pool, job_id=spec.job_id)
+                dead_letters = await ledger.dead_letters.dead_items(pool, job_id=spec.job_id)
             finally:
                 await pool.close()
 

@@ -17,13 +17,13 @@ from temporalio.exceptions import CancelledError
 from temporalio.worker import Replayer
 
 from llmbatch import ledger, storage
-from llmbatch.api import layout
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobControlState, JobSummary
 from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
+from llmbatch.ledger import api_layout
 from tests.llmbatch.cli.test_control import eventually
 from tests.llmbatch.cli.test_jobs import cli
 from workflows.batch_job import BatchJobWorkflow
@@ -37,7 +37,7 @@ PROJECT = "proj-flow"
 
 @pytest_asyncio.fixture
 async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await ledger.create_pool(pg_dsn, max_size=2)
+    pool = await ledger.db.create_pool(pg_dsn, max_size=2)
     try:
         yield pool
     finally:
@@ -84,9 +84,9 @@ async def start_batch(
 ) -> WorkflowHandle[Any, JobSummary]:
     """Upload ``data`` as an API file, insert its batch row, start the batch's job:
     as the server does."""
-    file_id, batch_id = layout.new_file_id(), layout.new_batch_id()
-    uri = layout.file_uri(settings.s3_bucket, file_id)
-    storage.open_store(uri, settings).put_bytes(uri, data)
+    file_id, batch_id = api_layout.new_file_id(), api_layout.new_batch_id()
+    uri = api_layout.file_uri(settings.s3_bucket, file_id)
+    storage.stores.open_store(uri, settings).put_bytes(uri, data)
     await pool.execute(
         "INSERT INTO api_files (file_id, project, purpose, filename, bytes, object_uri) "
         "VALUES ($1, $2, 'batch', 'in.jsonl', $3, $4)",
@@ -111,7 +111,7 @@ async def start_batch(
         inputs=[uri],
         input_format=InputFormat.OPENAI,
         model=model,
-        output_uri=layout.batch_output_uri(settings.s3_bucket),
+        output_uri=api_layout.batch_output_uri(settings.s3_bucket),
         api_batch=ApiBatch(project=PROJECT, endpoint=endpoint, completion_window_s=window_s),
         **spec,
     )
@@ -131,7 +131,7 @@ async def batch_row(pool: asyncpg.Pool, batch_id: str) -> dict[str, Any]:
 
 
 def file_lines(settings: Settings, pool_row: dict[str, Any]) -> list[dict[str, Any]]:
-    store = storage.open_store(pool_row["object_uri"], settings)
+    store = storage.stores.open_store(pool_row["object_uri"], settings)
     data = store.read_bytes(pool_row["object_uri"])
     assert len(data) == pool_row["bytes"]
     return [json.loads(line) for line in data.splitlines()]
@@ -260,7 +260,7 @@ async def run_until_first_shard_done_then_pause(
     other shard starts: what is done and what is not is then fixed."""
 
     async def first_shard_done() -> bool:
-        rows = await ledger.shard_results(pool, job_id=handle.id, shard=0)
+        rows = await ledger.items.shard_results(pool, job_id=handle.id, shard=0)
         if bool(rows) and all(r.status is ItemStatus.SUCCEEDED for r in rows):
             return True
         # Say so at once if the batch ended first (its window passed on a slow machine).
@@ -286,7 +286,7 @@ async def check_partial(
     assert err_ids == [c for c in ids if c in set(err_ids)]
     assert set(ids[:2]) <= set(out_ids) and set(ids[4:]) <= set(err_ids)
     assert {x["error"]["code"] for x in err} == {code}
-    counts = await ledger.job_counts(pool, job_id=batch["batch_id"])
+    counts = await ledger.jobs.job_counts(pool, job_id=batch["batch_id"])
     assert counts.succeeded == len(out_ids)
     return len(out_ids)
 

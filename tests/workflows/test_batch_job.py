@@ -19,11 +19,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
 from llmbatch import formats, ledger, storage
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, OutputFormat, SamplingSpec
+from llmbatch.contract.states import FailureType
 from workflows.batch_job import BatchJobWorkflow
 from workflows.shard import ShardWorkflow
 
@@ -74,7 +75,7 @@ async def run(client: Client, settings: Settings, spec: JobSpec) -> JobSummary:
 
 
 def output_rows(settings: Settings, summary: JobSummary) -> list[dict[str, Any]]:
-    store = storage.open_store(summary.manifest, settings)
+    store = storage.stores.open_store(summary.manifest, settings)
     manifest = json.loads(store.read_bytes(summary.manifest))
     rows: list[dict[str, Any]] = []
     for part in manifest["output_parts"]:
@@ -102,10 +103,10 @@ def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-async def ledger_counts(settings: Settings, job: str) -> ledger.JobCounts:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+async def ledger_counts(settings: Settings, job: str) -> ledger.jobs.JobCounts:
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        return await ledger.job_counts(pool, job_id=job)
+        return await ledger.jobs.job_counts(pool, job_id=job)
     finally:
         await pool.close()
 
@@ -114,7 +115,7 @@ async def test_csv_from_s3_every_item_once_and_choices_hold(
     workers: Settings, temporal_client: Client, bucket: str, model_name: str
 ) -> None:
     rows = companies(230)
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/companies.csv", csv_bytes(rows))
     spec = classify(
         inputs=[f"s3://{bucket}/in/*.csv"],
@@ -175,7 +176,7 @@ async def test_parquet_from_s3_with_json_schema_yields_parsed_objects(
     table = pa.Table.from_pylist(rows)
     buffer = io.BytesIO()
     pq.write_table(table, buffer, row_group_size=15)
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/companies.parquet", buffer.getvalue())
     schema = {
         "type": "object",
@@ -223,7 +224,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
     lines[7]["url"] = "/v1/embeddings"  # cannot run: goes to the error file
     lines[9]["body"]["model"] = "gpt-4o-mini"  # another model: never run on the job's
     data = jsonl_bytes(lines) + b"{not json\n"
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/batch.jsonl", data)
     spec = JobSpec(
         job_id=job_id("openai"),
@@ -265,7 +266,7 @@ async def test_openai_batch_file_gives_openai_output_and_error_file(
 async def test_same_job_id_twice_is_one_job_with_one_set_of_results(
     workers: Settings, temporal_client: Client, bucket: str, model_name: str
 ) -> None:
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(60)))
     spec = classify(
         inputs=[f"s3://{bucket}/in/c.csv"], output_uri=f"s3://{bucket}/out", model=model_name
@@ -289,7 +290,7 @@ async def test_same_job_id_twice_is_one_job_with_one_set_of_results(
 async def test_bad_jobs_are_refused_with_a_clear_message(
     workers: Settings, temporal_client: Client, bucket: str, model_name: str
 ) -> None:
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(3)))
 
     missing = classify(
@@ -333,7 +334,7 @@ async def test_jobs_started_directly_touch_no_file_outside_the_local_roots(
         inputs=["/etc/os-release"], output_uri=output, model=model_name, input_format="csv"
     )
     cause = await failure_of(temporal_client, workers, host_file)
-    assert cause.type == "InvalidJobSpec"
+    assert cause.type == FailureType.INVALID_JOB_SPEC
     assert "/etc/os-release" in cause.message and "LLMBATCH_LOCAL_ROOTS" in cause.message
     assert "NAME=" not in cause.message
 
@@ -341,13 +342,13 @@ async def test_jobs_started_directly_touch_no_file_outside_the_local_roots(
     link.symlink_to("/etc/os-release")
     linked = classify(inputs=[str(link)], output_uri=output, model=model_name)
     cause = await failure_of(temporal_client, workers, linked)
-    assert cause.type == "InvalidJobSpec" and "LLMBATCH_LOCAL_ROOTS" in cause.message
+    assert cause.type == FailureType.INVALID_JOB_SPEC and "LLMBATCH_LOCAL_ROOTS" in cause.message
 
     data = tmp_path / "in.csv"
     data.write_bytes(csv_bytes(companies(3)))
     outside = classify(inputs=[str(data)], output_uri="file:///var/tmp/llm-out", model=model_name)
     cause = await failure_of(temporal_client, workers, outside)
-    assert cause.type == "InvalidJobSpec" and "/var/tmp/llm-out" in cause.message
+    assert cause.type == FailureType.INVALID_JOB_SPEC and "/var/tmp/llm-out" in cause.message
     for path in (Path("/var/tmp/llm-out"), tmp_path / "out"):
         assert not await asyncio.to_thread(path.exists)
 
@@ -355,14 +356,14 @@ async def test_jobs_started_directly_touch_no_file_outside_the_local_roots(
 async def test_output_to_a_missing_bucket_fails_and_creates_no_bucket(
     workers: Settings, temporal_client: Client, bucket: str, s3_client: Any, model_name: str
 ) -> None:
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     store.put_bytes(f"s3://{bucket}/in/c.csv", csv_bytes(companies(3)))
     missing = f"{bucket}-missing"
     spec = classify(
         inputs=[f"s3://{bucket}/in/c.csv"], output_uri=f"s3://{missing}/out", model=model_name
     )
     cause = await failure_of(temporal_client, workers, spec)
-    assert cause.type == "InvalidJobSpec"
+    assert cause.type == FailureType.INVALID_JOB_SPEC
     assert f"bucket '{missing}' does not exist" in cause.message
     assert missing not in [b["Name"] for b in s3_client.list_buckets()["Buckets"]]
 

@@ -22,7 +22,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec
 from llmbatch.contract.states import JobState
@@ -46,7 +46,7 @@ async def cpu_only(stack: Settings, temporal_client: Client) -> AsyncIterator[Se
 
 @pytest_asyncio.fixture
 async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await ledger.create_pool(pg_dsn, max_size=2)
+    pool = await ledger.db.create_pool(pg_dsn, max_size=2)
     try:
         yield pool
     finally:
@@ -79,7 +79,7 @@ async def test_a_cancelled_job_ends_cancelled_in_the_ledger(
     handle, _ = await start_job(temporal_client, spec, settings=cpu_only)
     # Planned (the row exists) and its items registered: the shard waits at generate.
     for _ in range(int(GUARD_S / POLL_S)):
-        if (await ledger.job_counts(pool, job_id=spec.job_id)).total == ROWS:
+        if (await ledger.jobs.job_counts(pool, job_id=spec.job_id)).total == ROWS:
             break
         await asyncio.sleep(POLL_S)
     else:
@@ -93,7 +93,7 @@ async def test_a_cancelled_job_ends_cancelled_in_the_ledger(
 
     # Recorded before the workflow ended; the items are left as they were.
     assert await job_status(pool, spec.job_id) == JobState.CANCELLED
-    counts = await ledger.job_counts(pool, job_id=spec.job_id)
+    counts = await ledger.jobs.job_counts(pool, job_id=spec.job_id)
     assert counts.pending == ROWS and counts.total == ROWS
 
 

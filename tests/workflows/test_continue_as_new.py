@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.engine import Engine
+from llmbatch.engine.vllm_engine import Engine
 from tests.fixtures.small_history import one_row_shard_job, small_history_env
 from workers.cpu import cpu_worker
 from workers.gpu import gpu_worker

@@ -13,7 +13,7 @@ from temporalio.client import Client
 from temporalio.worker import Replayer
 
 from llmbatch import storage
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress, JobSummary
@@ -68,7 +68,7 @@ async def test_poison_rows_are_dead_lettered_and_a_redrive_brings_the_fixable_ba
 ) -> None:
     data, expected = poisoned_input()
     uri = f"s3://{bucket}/in/poisoned.jsonl"
-    storage.open_store(uri, workers).put_bytes(uri, data)
+    storage.stores.open_store(uri, workers).put_bytes(uri, data)
     spec = classify(
         inputs=[uri],
         output_uri=f"s3://{bucket}/out",
@@ -162,7 +162,7 @@ async def test_poison_rows_are_dead_lettered_and_a_redrive_brings_the_fixable_ba
 
 
 def error_lines(settings: Settings, summary: JobSummary) -> list[dict[str, Any]]:
-    store = storage.open_store(summary.manifest, settings)
+    store = storage.stores.open_store(summary.manifest, settings)
     manifest = json.loads(store.read_bytes(summary.manifest))
     lines: list[dict[str, Any]] = []
     for part in manifest["error_parts"]:
@@ -176,7 +176,7 @@ async def test_an_id_repeated_in_another_shard_is_dead_lettered_not_run_twice(
     rows = [{"id": f"r{i}", "name": f"Shop {i}"} for i in range(30)]
     rows[25]["id"] = "r3"  # shard 1 repeats an id of shard 0
     uri = f"s3://{bucket}/in/repeated.jsonl"
-    storage.open_store(uri, workers).put_bytes(
+    storage.stores.open_store(uri, workers).put_bytes(
         uri, b"".join(json.dumps(r).encode() + b"\n" for r in rows)
     )
     spec = classify(
@@ -206,7 +206,7 @@ async def test_a_shard_that_fails_unread_is_dead_lettered_and_redriven_whole(
     # A real fault, no injector: an input object vanishes between planning and reading.
     first = [{"id": f"a{i}", "name": f"Store {i}"} for i in range(100)]
     second = [{"id": f"b{i}", "name": f"Bakery {i}"} for i in range(30)]
-    store = storage.open_store(f"s3://{bucket}/x", workers)
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
     a_uri, b_uri = f"s3://{bucket}/in/a.jsonl", f"s3://{bucket}/in/b.jsonl"
     b_data = b"".join(json.dumps(r).encode() + b"\n" for r in second)
     store.put_bytes(a_uri, b"".join(json.dumps(r).encode() + b"\n" for r in first))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from llmbatch.config import Settings
-from llmbatch.storage import split_s3
+from llmbatch.storage.s3 import split_s3
 
 pytestmark = pytest.mark.slow
 

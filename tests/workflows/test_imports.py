@@ -1,13 +1,16 @@
-"""Workflow modules import only the contract: the sandbox re-imports whatever they
-import on every run, and an I/O library imported there (asyncpg, boto3, vLLM) has
-crashed a worker before. Checked in a fresh interpreter, so the test sees exactly
-what importing the workflows pulls in, transitively."""
+"""Imports run one way. Workflow modules import only the contract: the sandbox
+re-imports whatever they import on every run, and an I/O library imported there
+(asyncpg, boto3, vLLM) has crashed a worker before. Checked in a fresh interpreter, so
+the test sees exactly what importing the workflows pulls in, transitively. Below, each
+package of llmbatch is held to the imports its docstring allows."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 WORKFLOW_MODULES = ["workflows.batch_job", "workflows.shard", "workflows.dead_letter"]
 FORBIDDEN = ("asyncpg", "boto3", "botocore", "vllm", "torch", "jinja2", "pyarrow")
@@ -27,3 +30,188 @@ def test_workflows_import_only_the_contract_of_llmbatch() -> None:
     assert ours, "the workflows import no contract at all?"
     assert [m for m in ours if not m.startswith("llmbatch.contract")] == []
     assert [m for m in modules if m.split(".")[0] in FORBIDDEN] == []
+
+
+# --- the packages of llmbatch: what each may import ------------------------------------
+# Each package's docstring says what it owns and what it may import; these tables say
+# the same, and the test below holds every module to them. A package may always import
+# itself, and the standard library and third-party packages are not checked here.
+
+ALLOWED: dict[str, set[str]] = {
+    "llmbatch.contract": set(),
+    "llmbatch.ledger": {"llmbatch.contract"},
+    "llmbatch.storage": {"llmbatch.config", "llmbatch.contract"},
+    "llmbatch.rendering": {"llmbatch.contract"},
+    "llmbatch.security": {"llmbatch.config"},
+    "llmbatch.engine": {"llmbatch.contract", "llmbatch.telemetry", "llmbatch.dedup.keys"},
+    "llmbatch.dedup": {
+        "llmbatch.contract",
+        "llmbatch.ledger",
+        "llmbatch.formats.records",
+    },
+    "llmbatch.formats": {
+        "llmbatch.contract",
+        "llmbatch.storage",
+        "llmbatch.rendering",
+    },
+    "llmbatch.generation": {
+        "llmbatch.config",
+        "llmbatch.contract",
+        "llmbatch.ledger",
+        "llmbatch.dedup",
+        "llmbatch.engine.base",
+        "llmbatch.engine.requests",
+        "llmbatch.formats",
+        "llmbatch.telemetry",
+    },
+    "llmbatch.tables": {
+        "llmbatch.config",
+        "llmbatch.contract",
+        "llmbatch.formats",
+        "llmbatch.ledger.items",
+        "llmbatch.rendering.templates",
+    },
+    "llmbatch.remote": {
+        "llmbatch.contract",
+        "llmbatch.engine",
+        "llmbatch.ledger.db",
+        "llmbatch.telemetry",
+    },
+    "llmbatch.client": {
+        "llmbatch.config",
+        "llmbatch.contract",
+        "llmbatch.security",
+        "llmbatch.telemetry",
+    },
+}
+# Imports made only for type checking (under ``if TYPE_CHECKING:``), never at run time.
+TYPES_ONLY: dict[str, set[str]] = {
+    "llmbatch.formats": {"llmbatch.ledger.items"},
+    "llmbatch.dedup": {"llmbatch.generation.recorder"},
+}
+OUR_TOPS = ("llmbatch", "activities", "workflows", "workers")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """Every module ``path`` imports from this repository, and whether only for types."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
+        for node in ast.walk(block)
+    }
+    found: list[tuple[str, bool]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from llmbatch.dedup import keys`` imports llmbatch.dedup.keys.
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [(n, id(node) in typing_only) for n in names if n.split(".")[0] in OUR_TOPS]
+    return found
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _within(name: str, prefixes: set[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_each_package_imports_only_what_its_docstring_allows() -> None:
+    wrong = []
+    for package, allowed in ALLOWED.items():
+        folder = ROOT / package.replace(".", "/")
+        assert folder.is_dir(), package
+        for path in sorted(folder.rglob("*.py")):
+            for name, typing_only in _imports(path):
+                ok = _within(name, allowed | {package}) or (
+                    typing_only and _within(name, TYPES_ONLY.get(package, set()))
+                )
+                if not ok:
+                    wrong.append(f"{_module(path)} imports {name}")
+    assert wrong == []
+
+
+def test_llmbatch_imports_no_activities_workflows_or_workers() -> None:
+    # The CLI starts workers (``llm-batch worker``): the one way up the layers.
+    wrong = [
+        f"{_module(path)} imports {name}"
+        for path in sorted((ROOT / "llmbatch").rglob("*.py"))
+        if not _module(path).startswith("llmbatch.cli")
+        for name, _ in _imports(path)
+        if name.split(".")[0] != "llmbatch"
+    ]
+    assert wrong == []
+
+
+def test_activities_use_the_shared_packages_not_the_api_or_the_cli() -> None:
+    wrong = [
+        f"{_module(path)} imports {name}"
+        for path in sorted((ROOT / "activities").rglob("*.py"))
+        for name, _ in _imports(path)
+        if _within(name, {"llmbatch.api", "llmbatch.cli", "llmbatch.devstack", "workflows"})
+    ]
+    assert wrong == []
+
+
+def _loaded(*modules: str) -> list[str]:
+    script = (
+        "import json, sys\n"
+        + "".join(f"import {m}\n" for m in modules)
+        + "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    return list(json.loads(done.stdout))
+
+
+def test_the_engine_interface_and_the_ledger_come_without_vllm() -> None:
+    """The activity's engine interface is no vLLM (a remote engine lands beside it), and
+    the ledger is Postgres only: neither pulls in vLLM, torch or boto3."""
+    loaded = _loaded("llmbatch.engine.base", "llmbatch.ledger", "llmbatch.dedup.keys")
+    assert [m for m in loaded if m.split(".")[0] in ("vllm", "torch", "boto3")] == []
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """A circle of imports in ``graph`` (module -> the modules it imports), or []."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return []
+        for dep in sorted(graph[module]):
+            if found := visit(dep, [*path, module]):
+                return found
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if found := visit(module, []):
+            return found
+    return []
+
+
+def test_the_modules_of_each_package_import_no_circle() -> None:
+    """Within a package too, imports run one way (type-checking imports included), so
+    no module needs another that needs it back: contract/priority.py and spec.py did."""
+    for package in ALLOWED:
+        folder = ROOT / package.replace(".", "/")
+        graph = {
+            _module(path): {
+                name.rsplit(".", 1)[0] if name.rsplit(".", 1)[0] != package else name
+                for name, _ in _imports(path)
+            }
+            for path in folder.rglob("*.py")
+        }
+        graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+        assert _circle(graph) == [], package

@@ -19,7 +19,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowFailureError
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress
 from llmbatch.contract.names import GENERATE, PROGRESS_QUERY, shard_workflow_id
@@ -29,7 +29,7 @@ from tests.llmbatch.cli.test_jobs import cli
 from workers.cpu import cpu_worker
 
 if TYPE_CHECKING:  # vLLM takes ~15 s to import: only tests that use the engine pay
-    from llmbatch.engine import Engine
+    from llmbatch.engine.vllm_engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +137,7 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
     # One tenant for both, so that only their priorities differ (another tenant's job
     # would overtake the queue by fairness alone).
     small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant=TENANT)
-    pool = await ledger.create_pool(pg_dsn)
+    pool = await ledger.db.create_pool(pg_dsn)
     large_handle, _ = await start_job(temporal_client, large, settings=workers)
     try:
         for _ in range(1200):
@@ -150,7 +150,7 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
 
         small_handle, _ = await start_job(temporal_client, small, settings=workers)
         small_summary = await job_result(small_handle)
-        large_then = await ledger.job_counts(pool, job_id=large.job_id)
+        large_then = await ledger.jobs.job_counts(pool, job_id=large.job_id)
         assert small_summary.items_succeeded == SMALL_ROWS
 
         # Ahead of the queue: of the large job's generate steps that were waiting when

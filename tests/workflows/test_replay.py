@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import RedriveRequest, RedriveResult
 from llmbatch.contract.names import (
@@ -30,7 +30,7 @@ from llmbatch.contract.names import (
     SHARD_WORKFLOW,
     dead_letter_workflow_id,
 )
-from llmbatch.engine import Engine
+from llmbatch.engine.vllm_engine import Engine
 from tests.fixtures.small_history import one_row_shard_job, small_history_env
 from workers.cpu import cpu_worker
 from workers.gpu import gpu_worker

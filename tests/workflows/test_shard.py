@@ -20,7 +20,7 @@ import pytest
 from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterEntry
 from llmbatch.contract.messages import JobSummary
@@ -29,7 +29,7 @@ from llmbatch.contract.states import ErrorClass, JobState
 from workers.cpu import cpu_worker
 
 if TYPE_CHECKING:
-    from llmbatch.engine import Engine
+    from llmbatch.engine.vllm_engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +70,9 @@ async def run(client: Client, settings: Settings, spec: JobSpec) -> JobSummary:
 
 
 async def dead_items(settings: Settings, job_id: str) -> list[DeadLetterEntry]:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        return await ledger.dead_items(pool, job_id=job_id)
+        return await ledger.dead_letters.dead_items(pool, job_id=job_id)
     finally:
         await pool.close()
 

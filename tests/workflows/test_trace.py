@@ -1,6 +1,6 @@
 """OpenTelemetry on a real job: one connected trace, and metrics that match the job.
 
-The session's client comes from ``llmbatch.client.connect``, which installs the
+The session's client comes from ``llmbatch.client.temporal.connect``, which installs the
 process's providers and Temporal's tracing interceptor; the in-process workers
 inherit the interceptor from that client. These tests add an in-memory span
 exporter and metric reader to the installed providers for their own duration.

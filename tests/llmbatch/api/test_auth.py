@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from llmbatch.api import layout, store
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
+from llmbatch.devstack.demo import settings_env
+from llmbatch.ledger import api_layout, api_records
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.llmbatch.api.helpers import assert_openai_error, batch_file
 
@@ -69,15 +69,15 @@ async def test_a_project_cannot_see_another_projects_files_or_batches(
     api_server: ApiServer, api_keys: Keys, api_pool: asyncpg.Pool
 ) -> None:
     ours = openai.OpenAI(base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0)
-    theirs_project = "theirs-" + layout.new_file_id()[-8:]
+    theirs_project = "theirs-" + api_layout.new_file_id()[-8:]
     theirs = openai.OpenAI(
         base_url=api_server.base_url, api_key=await api_keys.new(theirs_project), max_retries=0
     )
     f = theirs.files.create(file=("t.jsonl", batch_file("m", 1)), purpose="batch")
     # Their batch, recorded as the server records one (no worker needed to see it).
-    batch = await store.insert_batch(
+    batch = await api_records.insert_batch(
         api_pool,
-        batch_id=layout.new_batch_id(),
+        batch_id=api_layout.new_batch_id(),
         project=theirs_project,
         input_file_id=f.id,
         endpoint="/v1/chat/completions",

@@ -9,7 +9,7 @@ import asyncpg
 import openai
 import pytest
 
-from llmbatch.api import layout, store
+from llmbatch.ledger import api_layout, api_records
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.llmbatch.api.helpers import assert_openai_error, batch_file
 
@@ -70,7 +70,7 @@ async def test_limits_answer_400_and_429(
     api_keys: Keys,
     api_pool: asyncpg.Pool,
 ) -> None:
-    project = "limits-" + layout.new_file_id()[-8:]
+    project = "limits-" + api_layout.new_file_id()[-8:]
     client = openai.AsyncOpenAI(
         base_url=api_server.base_url, api_key=await api_keys.new(project), max_retries=0
     )
@@ -88,9 +88,9 @@ async def test_limits_answer_400_and_429(
     # them, so none can finish before the third is asked for.
     f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
     for _ in range(2):
-        await store.insert_batch(
+        await api_records.insert_batch(
             api_pool,
-            batch_id=layout.new_batch_id(),
+            batch_id=api_layout.new_batch_id(),
             project=project,
             input_file_id=f.id,
             endpoint="/v1/chat/completions",

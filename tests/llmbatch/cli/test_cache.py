@@ -8,9 +8,10 @@ import uuid
 
 import pytest
 
-from llmbatch import ledger, result_cache
+from llmbatch import ledger
 from llmbatch.cli.options import JobOptions
 from llmbatch.config import Settings
+from llmbatch.dedup import result_cache
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 async def test_cache_stats_and_purge_by_model_and_age(stack: Settings) -> None:
     model = f"/models/cli-{uuid.uuid4().hex[:8]}"
-    pool = await ledger.create_pool(stack.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     try:
         await result_cache.store(
             pool,

@@ -21,13 +21,13 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import CancelledError
 
 from llmbatch import ledger
-from llmbatch.client import start_job
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.process import free_port
-from llmbatch.engine import Engine
+from llmbatch.engine.vllm_engine import Engine
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ SLOW_MAX_TOKENS = 64
 @pytest_asyncio.fixture
 async def pool(workers: Settings) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the ledger the session's workers write to."""
-    p = await ledger.create_pool(workers.postgres_dsn.get_secret_value(), max_size=2)
+    p = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value(), max_size=2)
     try:
         yield p
     finally:
@@ -90,8 +90,8 @@ async def eventually(
         await asyncio.sleep(every_s)
 
 
-async def some_succeeded(pool: asyncpg.Pool, job: str) -> ledger.JobCounts | None:
-    counts = await ledger.job_counts(pool, job_id=job)
+async def some_succeeded(pool: asyncpg.Pool, job: str) -> ledger.jobs.JobCounts | None:
+    counts = await ledger.jobs.job_counts(pool, job_id=job)
     return counts if counts.succeeded > 0 else None
 
 
@@ -172,16 +172,16 @@ async def test_pause_holds_a_running_job_and_resume_lets_it_finish(
     assert json.loads(out) == {"job_id": job, "state": "paused", "paused": True}
 
     # Requests already in the engine finish; then nothing more may succeed.
-    before = await ledger.job_counts(pool, job_id=job)
+    before = await ledger.jobs.job_counts(pool, job_id=job)
     while True:
         await asyncio.sleep(4)
-        now = await ledger.job_counts(pool, job_id=job)
+        now = await ledger.jobs.job_counts(pool, job_id=job)
         if now.succeeded == before.succeeded:
             break
         assert now.succeeded < rows, "the job ran to the end though it was paused"
         before = now
     await asyncio.sleep(8)  # several times what a running attempt takes to see the flag
-    held = await ledger.job_counts(pool, job_id=job)
+    held = await ledger.jobs.job_counts(pool, job_id=job)
     assert held.succeeded == before.succeeded, "items kept succeeding while paused"
     assert 0 < held.succeeded < shard_size, "the running shard's generate did not hold"
     assert held.running > 0  # claimed by the paused attempt, which still heartbeats
@@ -202,9 +202,9 @@ async def test_pause_holds_a_running_job_and_resume_lets_it_finish(
 
     summary = await asyncio.wait_for(handle.result(), JOB_TIMEOUT_S)
     assert (summary.state, summary.items_succeeded, summary.paused) == ("succeeded", rows, False)
-    counts = await ledger.job_counts(pool, job_id=job)
+    counts = await ledger.jobs.job_counts(pool, job_id=job)
     assert (counts.total, counts.succeeded, counts.running) == (rows, rows, 0)
-    assert not await ledger.job_paused(pool, job_id=job)
+    assert not await ledger.jobs.job_paused(pool, job_id=job)
 
     code, _, err = await cli(workers, "resume", job)
     assert "not running (completed)" in one_error_line(code, err)
@@ -248,12 +248,12 @@ async def test_cancel_stops_a_running_job_and_keeps_its_partial_results(
 
     await eventually(shard_closed, within_s=120)
     assert (await shard.describe()).status == WorkflowExecutionStatus.CANCELED
-    counts = await ledger.job_counts(pool, job_id=job)
+    counts = await ledger.jobs.job_counts(pool, job_id=job)
     assert counts.total == rows and counts.running == 0
     assert 0 < counts.succeeded < rows and counts.pending == rows - counts.succeeded - counts.dead
     assert engine.num_unfinished_requests == 0
     await asyncio.sleep(5)
-    assert (await ledger.job_counts(pool, job_id=job)).succeeded == counts.succeeded
+    assert (await ledger.jobs.job_counts(pool, job_id=job)).succeeded == counts.succeeded
 
     code, _, err = await cli(workers, "cancel", job)
     assert "not running (canceled)" in one_error_line(code, err)

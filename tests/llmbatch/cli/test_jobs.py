@@ -22,7 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.names import shard_workflow_id
-from llmbatch.demo import settings_env
+from llmbatch.devstack.demo import settings_env
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,9 @@ import typer
 from temporalio.client import Client
 from typer.core import TyperGroup
 
-from llmbatch import ledger, schedules
+from llmbatch import ledger
 from llmbatch.cli.main import app
+from llmbatch.client import schedules
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import JobSummary
@@ -64,9 +65,9 @@ async def finished(client: Client, job_id: str) -> JobSummary:
 
 
 async def item_count(settings: Settings, job_id: str) -> int:
-    pool = await ledger.create_pool(settings.postgres_dsn.get_secret_value())
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
     try:
-        return (await ledger.job_counts(pool, job_id=job_id)).succeeded
+        return (await ledger.jobs.job_counts(pool, job_id=job_id)).succeeded
     finally:
         await pool.close()
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from llmbatch.cli.main import app
 from llmbatch.contract.spec import Task
-from llmbatch.engine import EngineOptions
+from llmbatch.engine.options import EngineOptions
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec
 from llmbatch.devstack import DevStack, DevStackError, isolated_settings

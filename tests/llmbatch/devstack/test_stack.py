@@ -30,9 +30,9 @@ from temporalio.client import Client
 from llmbatch import storage
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
-from llmbatch.demo import settings_env
 from llmbatch.devstack import DevStack, DevStackError, StackStatus, isolated_settings
 from llmbatch.devstack.api import DevApi
+from llmbatch.devstack.demo import settings_env
 from llmbatch.devstack.process import alive
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def http_status(url: str) -> int:
 
 
 def s3(settings: Settings, *, secret: str | None = None) -> Any:
-    return storage.s3_client(settings, max_attempts=1, secret_access_key=secret)
+    return storage.s3.s3_client(settings, max_attempts=1, secret_access_key=secret)
 
 
 async def custom_search_attributes(settings: Settings) -> set[str]:

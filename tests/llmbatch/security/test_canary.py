@@ -37,7 +37,7 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.client import Client
 
-from llmbatch.client import connect, start_job
+from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import dead_letter_workflow_id, shard_workflow_id

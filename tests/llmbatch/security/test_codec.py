@@ -10,7 +10,7 @@ import pytest
 from pydantic import SecretStr
 from temporalio.api.common.v1 import Payload
 
-from llmbatch.client import data_converter
+from llmbatch.client.temporal import data_converter
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec
 from llmbatch.security.codec import (

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
-from llmbatch.client import data_converter
+from llmbatch.client.temporal import data_converter
 from llmbatch.devstack.process import free_port
 from llmbatch.security.codec import Keyring, new_keyring
 

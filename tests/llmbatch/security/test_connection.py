@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from llmbatch.client import TemporalUnavailable, connect, start_job
+from llmbatch.client.temporal import TemporalUnavailable, connect, start_job
 from llmbatch.config import Settings
-from llmbatch.demo import settings_env
+from llmbatch.devstack.demo import settings_env
 from llmbatch.security.connection import ConnectionConfigError, temporal_target
 from tests.fixtures.tls import API_KEY, TlsProxy
 from tests.workflows.test_batch_job import classify_on_disk, companies

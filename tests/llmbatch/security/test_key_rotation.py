@@ -12,7 +12,7 @@ import pytest
 from pydantic import SecretStr
 from temporalio.client import Client
 
-from llmbatch.client import connect, start_job, started_spec
+from llmbatch.client.temporal import connect, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.security.codec import META_KEY_ID, new_keyring

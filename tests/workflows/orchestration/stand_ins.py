@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import activity
-from temporalio.common import Priority, WorkflowIDConflictPolicy
+from temporalio.common import Priority
 from temporalio.exceptions import ApplicationError
 
+from llmbatch.client import dead_letters as dead_letter_client
 from llmbatch.contract.dead_letters import (
-    DeadLetterInput,
     FailShardInput,
     RequeueInput,
     RequeueResult,
@@ -53,8 +53,6 @@ from llmbatch.contract.messages import (
     final_state,
 )
 from llmbatch.contract.names import (
-    DEAD_LETTER_WORKFLOW,
-    DEAD_LETTERS_SIGNAL,
     FAIL_SHARD,
     FETCH_SHARD,
     FINALIZE_JOB,
@@ -68,9 +66,7 @@ from llmbatch.contract.names import (
     SET_API_BATCH_STATUS,
     SET_JOB_PAUSED,
     WRITE_SHARD,
-    dead_letter_workflow_id,
 )
-from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ErrorClass, FailureType
 
@@ -365,24 +361,13 @@ class StandIns:
 
     @activity.defn(name=REPORT_DEAD_LETTERS)
     async def report_dead_letters(self, input: ShardInput) -> int:
-        """Signal-with-start the job's DeadLetterWorkflow, as the real one does."""
+        """Signal-with-start the job's DeadLetterWorkflow through the real activity's own
+        call (llmbatch.client.dead_letters), so the two start it alike."""
         await self._step(REPORT_DEAD_LETTERS, input.shard, input.redrive)
         book = self._book(input.shard)
-        job_id = input.spec.job_id
-        await activity.client().start_workflow(
-            DEAD_LETTER_WORKFLOW,
-            DeadLetterInput(
-                job_id=job_id,
-                spec=input.spec,
-                layout=input.layout,
-                gpu_task_queue=input.gpu_task_queue,
-            ),
-            id=dead_letter_workflow_id(job_id),
-            task_queue=activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal=DEAD_LETTERS_SIGNAL,
-            start_signal_args=[ShardDeadLetters(shard=input.shard, by_class=book.dead_by_class)],
-            priority=task_priority(input.spec),
+        report = ShardDeadLetters(shard=input.shard, by_class=book.dead_by_class)
+        await dead_letter_client.report_dead_letters(
+            activity.client(), input=input, report=report, task_queue=activity.info().task_queue
         )
         await self._record(Call(REPORT_DEAD_LETTERS, input.shard, input.redrive, "done"))
         return book.dead

@@ -1,0 +1,147 @@
+"""What each error class and failure type means to a user, and what to do about it.
+
+Declared once, beside the enums of :mod:`llmbatch.contract.states` (kept in a module of
+their own so the enums stay short); ``llm-batch docs generate`` renders the error
+reference from these tables, and a test keeps every member covered. Pure data, safe to
+import anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from llmbatch.contract.states import ErrorClass, FailureType
+
+
+class Explanation(NamedTuple):
+    """What an error class or failure type means to a user, and what to do about it."""
+
+    cause: str
+    remedy: str
+
+
+ERROR_CLASS_HELP: dict[ErrorClass, Explanation] = {
+    ErrorClass.INVALID_ROW: Explanation(
+        "The input row cannot be read: invalid JSON or UTF-8, a CSV line that does not "
+        "parse, or a row that is not an object.",
+        "Fix the row in the input (the dead item names its file and line), then re-drive: "
+        "`llm-batch dlq redrive JOB --class InvalidRow`.",
+    ),
+    ErrorClass.ROW_TOO_LARGE: Explanation(
+        "The row is larger than the job's row size limit.",
+        "Shorten the row, or submit the job again with a larger `max_row_bytes` (JobSpec; 1 MiB "
+        "by default).",
+    ),
+    ErrorClass.INVALID_ITEM_ID: Explanation(
+        "The row's id field (`--id-field`, `custom_id` for OpenAI input) is missing, empty, "
+        "or repeats an earlier row's id; only the first row with an id runs.",
+        "Give every row a unique id in the input; the copy is kept dead so nothing is "
+        "dropped silently.",
+    ),
+    ErrorClass.TEMPLATE_ERROR: Explanation(
+        "The prompt template failed on this row: a missing field, an exception, or a render "
+        "past the time, size or memory limits (`LLMBATCH_RENDER_*`).",
+        "Fix the template or the row; the message names the template line. Raise the "
+        "limits on the CPU workers only for a template that needs more.",
+    ),
+    ErrorClass.INVALID_REQUEST: Explanation(
+        "An OpenAI batch line asks for something llm-batch does not run: another model, a "
+        "body parameter it does not support, token-id input, or embed options the model "
+        "refuses.",
+        "Fix the line (the message names the parameter) and submit it again; lines are never "
+        "run with a parameter dropped.",
+    ),
+    ErrorClass.INVALID_PROMPT: Explanation(
+        "The rendered prompt or text is empty, or the model's chat template cannot render "
+        "the messages.",
+        "Check the template and the row's fields; use a model with a chat template for "
+        "chat messages.",
+    ),
+    ErrorClass.PROMPT_TOO_LONG: Explanation(
+        "The prompt (or text to embed) is longer than the context the GPU workers were "
+        "started with (`--max-model-len`).",
+        "Re-drive with a cut: `llm-batch dlq redrive JOB --class PromptTooLong --set "
+        "truncate_prompt_tokens=N`, or run workers with a longer context.",
+    ),
+    ErrorClass.INVALID_STRUCTURED_OUTPUT: Explanation(
+        "The output breaks its constraint: not valid JSON, not matching `json_schema`, not "
+        "one of `choice`, often because it was cut off at `max_tokens`.",
+        "Re-drive with more room: `llm-batch dlq redrive JOB --class InvalidStructuredOutput "
+        "--set max_tokens=N`.",
+    ),
+    ErrorClass.SHARD_FAILED: Explanation(
+        "The shard around the item failed for good (storage down past its retries, an input "
+        "object deleted mid-job); the message names the step and the cause.",
+        "Fix the cause, then `llm-batch dlq redrive JOB --class ShardFailed`.",
+    ),
+    ErrorClass.BATCH_EXPIRED: Explanation(
+        "An OpenAI Batch API batch's completion window passed before the item ran.",
+        "Submit the unfinished requests again (the error file lists them), with a longer "
+        "`completion_window` or more workers.",
+    ),
+    ErrorClass.BATCH_CANCELLED: Explanation(
+        "An OpenAI Batch API batch was cancelled before the item ran.",
+        "Submit the unfinished requests again if they are still wanted.",
+    ),
+    ErrorClass.NO_WORKER: Explanation(
+        "No worker serving the job's model (and task) took the generate step within "
+        "`LLMBATCH_GENERATE_SCHEDULE_TO_START`.",
+        "Start a GPU worker for that model (`llm-batch worker gpu --model M`), then "
+        "`llm-batch dlq redrive JOB --class NoWorker`.",
+    ),
+    ErrorClass.WRONG_MODEL: Explanation(
+        "The step reached a worker that has another model (or task) loaded, and it refused "
+        "to run it.",
+        "Check that each GPU queue has only workers for its model (the queue name carries "
+        "the model), then re-drive with `--class WrongModel`.",
+    ),
+}
+
+FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
+    FailureType.INVALID_JOB_SPEC: Explanation(
+        "The job was refused before any work: missing or empty inputs, an unreadable "
+        "format, a template field the input does not have, a bad JSON schema, a path outside "
+        "`LLMBATCH_LOCAL_ROOTS`, or a `job_id` that differs from the workflow id.",
+        "Read the one-line message, fix the spec and submit again.",
+    ),
+    FailureType.SUPERSEDED: Explanation(
+        "A generate attempt lost its items to a newer attempt (its worker was paused past "
+        "the heartbeat timeout); its writes were fenced out.",
+        "Nothing: the newer attempt's results are kept. Frequent ones mean workers stall "
+        "longer than the heartbeat timeout.",
+    ),
+    FailureType.INCOMPLETE_SHARD: Explanation(
+        "`write_shard` found items of its shard that are neither succeeded nor dead.",
+        "A bug or a ledger edited by hand: report it; a re-drive of the job's dead items "
+        "rewrites the shard.",
+    ),
+    FailureType.JOB_NOT_RUNNING: Explanation(
+        "Pause or resume was asked of a job that has finished or been cancelled.",
+        "Nothing to do; `llm-batch status JOB` shows its final state.",
+    ),
+    FailureType.JOB_STILL_RUNNING: Explanation(
+        "A re-drive was asked while the job still runs.",
+        "Wait for the job to end (`llm-batch watch JOB`), then re-drive.",
+    ),
+    FailureType.REDRIVE_RUNNING: Explanation(
+        "Another re-drive of the job's dead items is still running.",
+        "Wait for it to finish (`llm-batch dlq list JOB`), then re-drive again.",
+    ),
+    FailureType.INVALID_REDRIVE: Explanation(
+        "The re-drive's `--set` options are not valid for the job (a sampling option on an "
+        "embed job, a value out of range).",
+        "Fix the `--set` options; the message names the field.",
+    ),
+    FailureType.WRONG_MODEL: Explanation(
+        "A worker received a shard for a model or task it does not serve and refused it; "
+        "the shard's items die as `WrongModel`.",
+        "Keep one model per GPU queue (workers name their queue after the model), then re-drive.",
+    ),
+    FailureType.TABLE_ERROR: Explanation(
+        "A Postgres table the job reads or writes failed in a way no retry cures (no such "
+        "table or column, a refused login, a type that does not fit); the shard's items "
+        "die as `ShardFailed`.",
+        "Fix the table or the worker's database credentials (PGPASSWORD, a pgpass file), "
+        "then re-drive with `--class ShardFailed`.",
+    ),
+}

@@ -1,0 +1,178 @@
+"""How a generate attempt deduplicates: identical requests of a shard in one group,
+answers from the result cache, and one leader per distinct request across the job's
+shards (the others wait for its result, and take the lead when its attempt died).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llmbatch.contract.spec import JobSpec, Task
+from llmbatch.contract.states import ResultSource
+from llmbatch.dedup import leads, result_cache
+from llmbatch.dedup.keys import cache_key, request_key
+from llmbatch.formats.records import StagedRequest
+
+if TYPE_CHECKING:
+    # Typing only: the recorder imports this module (its groups) at run time.
+    from llmbatch.generation.recorder import Recorder, RecordingContext
+
+log = logging.getLogger(__name__)
+
+# Nobody waits longer than this for another shard's result: then it generates its own.
+LEAD_WAIT_LIMIT_SECONDS = 600.0
+
+# A lead not renewed for this many heartbeat timeouts is taken over (its attempt is
+# gone without its items being claimed again, e.g. no worker took the retry yet).
+LEAD_STALE_TIMEOUTS = 2.0
+
+
+@dataclass(slots=True)
+class Group:
+    """Claimed items with one request: the first generates (or looks up) the result,
+    the others share it. ``key`` is the request key of a reproducible request (None:
+    sampled, every item on its own); ``shared`` groups coordinate with other shards."""
+
+    key: str | None
+    items: list[StagedRequest]
+    shared: bool = False
+
+
+def group_requests(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> list[Group]:
+    """``todo`` by request: identical reproducible requests in one group when ``dedup``,
+    every other item in a group of its own."""
+    groups: list[Group] = []
+    by_key: dict[str, Group] = {}
+    for request in todo:
+        sampling = request.effective_sampling(spec)
+        if spec.task is Task.EMBED:
+            # An embedding is a function of its texts and options: always reproducible.
+            key: str | None = request_key(
+                model=spec.model,
+                messages=None,
+                sampling=spec.sampling,
+                texts=request.texts or [],
+                embedding=request.embedding or spec.embed_options,
+            )
+        elif sampling.reproducible:
+            key = request_key(
+                model=spec.model,
+                messages=request.messages,
+                prompt=request.prompt,
+                sampling=sampling,
+            )
+        else:
+            key = None
+        if key is None or not dedup:
+            groups.append(Group(key, [request]))
+            continue
+        group = by_key.get(key)
+        if group is None:
+            group = by_key[key] = Group(key, [request], shared=True)
+            groups.append(group)
+        else:
+            group.items.append(request)
+    return groups
+
+
+async def from_cache(
+    ctx: RecordingContext, recorder: Recorder, groups: list[Group], weights: str
+) -> list[Group]:
+    """Answer the groups the result cache holds; return the others."""
+    keyed: dict[str, list[Group]] = {}
+    for group in groups:
+        if group.key is not None:
+            keyed.setdefault(cache_key(group.key, weights), []).append(group)
+    hits = await result_cache.lookup(
+        ctx.pool,
+        cache_keys=list(keyed),
+        uses=[sum(len(g.items) for g in gs) for gs in keyed.values()],
+    )
+    job_id = recorder.job_id
+    rest: list[Group] = []
+    for group in groups:
+        hit = hits.get(cache_key(group.key, weights)) if group.key is not None else None
+        if hit is None:
+            rest.append(group)
+        elif hit.job_id == job_id:  # this job's own result: deduplicated, not cached
+            recorder.share(group, hit, source=ResultSource.DEDUPLICATED, shared_with=hit.item_id)
+        else:
+            recorder.share(
+                group, hit, source=ResultSource.CACHED, shared_with=f"{hit.job_id}/{hit.item_id}"
+            )
+    return rest
+
+
+class Leads:
+    """The shard's side of in-job deduplication across shards.
+
+    For each distinct request one item of the job leads (``dedup_leads``): its shard
+    generates, the others wait and share the result. A lead lives as long as its item
+    runs under the leader's lease and the leader renews it with its heartbeats, so
+    when the leader's attempt dies the lead is taken over instead of waited for.
+    """
+
+    def __init__(
+        self,
+        ctx: RecordingContext,
+        job_id: str,
+        lease: str,
+        recorder: Recorder,
+        *,
+        heartbeat_timeout_s: float | None,
+    ) -> None:
+        self._ctx, self._job_id, self._lease, self._recorder = ctx, job_id, lease, recorder
+        self._stale_after_s = (heartbeat_timeout_s or 30.0) * LEAD_STALE_TIMEOUTS
+        self._leading = False
+
+    async def resolve(
+        self, groups: list[Group], *, give_up: bool = False
+    ) -> tuple[list[Group], list[Group]]:
+        """Share the results other shards have for ``groups``, lead what nobody (alive)
+        leads; return the groups to generate and those still waiting. With
+        ``give_up``, waiting groups are generated too."""
+        if not groups:
+            return [], []
+        pool = self._ctx.pool
+        current = await leads.leads(
+            pool, job_id=self._job_id, request_keys=[g.key for g in groups if g.key]
+        )
+        open_: list[Group] = []
+        for group in groups:
+            lead = current.get(group.key or "")
+            if lead is not None and lead.result is not None:
+                self._recorder.share(
+                    group, lead, source=ResultSource.DEDUPLICATED, shared_with=lead.item_id
+                )
+            else:
+                open_.append(group)
+        taken = await leads.take_leads(
+            pool,
+            job_id=self._job_id,
+            leads=[(g.key or "", g.items[0].item_id) for g in open_],
+            lease_owner=self._lease,
+            stale_after_s=self._stale_after_s,
+        )
+        self._leading = self._leading or bool(taken)
+        ready = [g for g in open_ if g.key in taken]
+        waiting = [g for g in open_ if g.key not in taken]
+        if give_up and waiting:
+            log.warning(
+                "attempt %s: %d requests waited %.0f s for another shard; generating them here",
+                self._lease,
+                len(waiting),
+                LEAD_WAIT_LIMIT_SECONDS,
+            )
+            ready, waiting = ready + waiting, []
+        return ready, waiting
+
+    async def renew(self) -> None:
+        """Keep this attempt's leads alive (from the heartbeat loop, which must not die)."""
+        if not self._leading:
+            return
+        try:
+            await leads.renew_leads(self._ctx.pool, job_id=self._job_id, lease_owner=self._lease)
+        except Exception as exc:  # the ledger is away: others may take over, nothing lost
+            log.warning("attempt %s: leads not renewed: %s", self._lease, exc)

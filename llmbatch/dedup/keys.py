@@ -1,0 +1,94 @@
+"""What makes two requests the same, and what identifies a model's weights.
+
+:func:`request_key` is the ledger's ``prompt_hash`` and the key of in-job
+deduplication; :func:`cache_key` adds the weights for the result cache across jobs,
+so a model whose weights changed under the same name never answers from old results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from llmbatch.contract.names import model_identity
+from llmbatch.contract.spec import EmbedSpec, SamplingSpec
+
+log = logging.getLogger(__name__)
+
+# Files of a local model folder that decide its answers: weights, configs, tokenizer
+# and chat template. Other files (README, images) may change without a new fingerprint.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".jinja")
+# Read in blocks: a 15 GB checkpoint must not be held in memory to be hashed.
+_BLOCK = 8 << 20
+
+
+def request_key(
+    *,
+    model: str,
+    messages: Any,
+    sampling: SamplingSpec,
+    prompt: str | None = None,
+    texts: list[str] | None = None,
+    embedding: EmbedSpec | None = None,
+) -> str:
+    """sha256 of everything that decides a request's result: the model as named, the
+    rendered chat messages or the raw prompt (a completions request), every sampling
+    parameter and the structured-output constraint (part of the sampling); for an
+    embed request, the texts and the embed options."""
+    what: list[Any] = [messages] if prompt is None else ["prompt", prompt]
+    if texts is not None:
+        what = ["embed", texts, embedding.model_dump(mode="json") if embedding else None]
+    body = json.dumps(
+        [model_identity(model), *what, sampling.model_dump(mode="json")],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def cache_key(request: str, weights: str) -> str:
+    """The result cache's key: a request key and the weights that answer it."""
+    return hashlib.sha256(f"{request}\n{weights}".encode()).hexdigest()
+
+
+def weights_fingerprint(model: str, *, revision: str | None = None) -> str | None:
+    """What identifies the weights a worker loaded for ``model``, or None when nothing
+    does (then nothing is cached: an unknown model must never answer from the cache).
+
+    A local folder: sha256 over the names, sizes and contents of its weight, config and
+    tokenizer files (read once per worker, at engine load, while the engine reads them
+    too). A Hugging Face id: the revision given, else the commit of the snapshot in the
+    local Hugging Face cache (its folder name), which a new upload changes.
+    """
+    path = Path(model)
+    if path.is_dir():
+        return "sha256:" + _folder_digest(path)
+    if revision and len(revision) == 40:  # a commit hash pins the weights
+        return f"hf:{model}@{revision}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "config.json", revision=revision)
+    except Exception as exc:  # no hub library, or a malformed id
+        log.info("no weights fingerprint for %s: %s", model, exc)
+        return None
+    if isinstance(found, str):
+        return f"hf:{model}@{Path(found).parent.name}"
+    return None
+
+
+def _folder_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+    for file in files:
+        relative = file.relative_to(folder).as_posix()
+        digest.update(f"{relative}\0{os.path.getsize(file)}\0".encode())
+        with file.open("rb") as f:
+            while block := f.read(_BLOCK):
+                digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,608 @@
+"""OpenAI batch JSONL: request lines in, OpenAI-shaped output and error lines out.
+
+Input lines are ``{custom_id, method, url, body}`` with ``url`` = /v1/chat/completions
+(or, in a batch of the OpenAI Batch API created for that endpoint, /v1/completions)
+for generate jobs, or /v1/embeddings for embed jobs. Output follows the OpenAI Batch
+API: one output line per succeeded request and one error-file line per failed request,
+matched by ``custom_id``.
+
+About 600 lines, on purpose: it is one format, read against OpenAI's one reference
+(request lines, output and error lines, and the validation of a whole file share the
+parameter tables and the error codes above).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from llmbatch.contract.names import model_identity
+from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, JobSpec, SamplingSpec
+from llmbatch.contract.states import ErrorClass
+from llmbatch.formats.vectors import floats
+
+if TYPE_CHECKING:
+    from llmbatch.ledger.items import LedgerRow
+
+CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
+COMPLETIONS_URL = ApiEndpoint.COMPLETIONS.value
+EMBEDDINGS_URL = ApiEndpoint.EMBEDDINGS.value
+# OpenAI's /v1/completions default for max_tokens (vLLM's too): a line that leaves it
+# out gets what it would get from OpenAI, not the job's chat default.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# A line's body.model is quoted in its error, cut to this: a row may hold anything there.
+MODEL_NAME_CHARS = 200
+
+
+class InvalidRequest(ValueError):
+    """An OpenAI batch line that llm-batch cannot run (never will: not retryable)."""
+
+
+class UnsupportedParameter(InvalidRequest):
+    """A body parameter llm-batch does not run. Dropping it would answer a different
+    request than the one asked, so the line is refused; and since such a parameter
+    comes from how the caller builds every request, planning refuses the whole job
+    when its first lines carry one."""
+
+
+# Body parameters mapped onto the request (see parse_request and _sampling).
+MAPPED_PARAMETERS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "response_format",
+        "n",
+    }
+)
+# /v1/completions: the same, with a prompt instead of messages (no response_format).
+COMPLETIONS_PARAMETERS = (MAPPED_PARAMETERS - {"messages", "response_format"}) | {"prompt"}
+# Parameters that do not change the answer: bookkeeping for the caller.
+IGNORED_PARAMETERS = frozenset({"user", "metadata", "store"})
+# Parameters accepted only at the value that asks for nothing (OpenAI's default).
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "stream": (False,),
+    "logprobs": (False,),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "logit_bias": ({},),
+    # /v1/completions only: no echo of the prompt, no suffix, one candidate.
+    "echo": (False,),
+    "best_of": (1,),
+}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """One batch line, ready to run: chat ``messages`` or a raw ``prompt``."""
+
+    custom_id: str
+    sampling: SamplingSpec
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+
+
+def parse_request(
+    line: dict[str, Any], *, defaults: SamplingSpec, model: str
+) -> tuple[str, list[dict[str, str]], SamplingSpec]:
+    """Map one chat batch line of a job on ``model`` to (custom_id, chat messages,
+    sampling); raise InvalidRequest. See :func:`parse`."""
+    parsed = parse(line, defaults=defaults, model=model)
+    assert parsed.messages is not None  # a chat line
+    return parsed.custom_id, parsed.messages, parsed.sampling
+
+
+def parse(
+    line: dict[str, Any],
+    *,
+    defaults: SamplingSpec,
+    model: str,
+    endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
+) -> ParsedRequest:
+    """Map one batch line of a job on ``model`` whose requests go to ``endpoint``
+    (a plain job's: chat completions) to a request; raise InvalidRequest.
+
+    A line may leave ``body.model`` out (the job's model runs it); a line naming
+    another model is refused, never run on the job's: its caller asked for that model.
+    A /v1/completions line's prompt runs as given, without a chat template.
+    """
+    custom_id, body = _line(line, endpoint)
+    _check_model(body.get("model"), model)
+    completions = endpoint is ApiEndpoint.COMPLETIONS
+    _check_parameters(body, COMPLETIONS_PARAMETERS if completions else MAPPED_PARAMETERS)
+    if body.get("n", 1) != 1:
+        raise InvalidRequest("n other than 1 is not supported")
+    if completions:
+        if body.get("max_tokens") is None:
+            body = {**body, "max_tokens": COMPLETIONS_DEFAULT_MAX_TOKENS}
+        return ParsedRequest(
+            custom_id=custom_id, sampling=_sampling(body, defaults), prompt=_prompt(body)
+        )
+    return ParsedRequest(
+        custom_id=custom_id,
+        sampling=_sampling(body, defaults),
+        messages=_messages(body.get("messages")),
+    )
+
+
+def _prompt(body: dict[str, Any]) -> str:
+    """A /v1/completions prompt: a string, or a list of exactly one string (one request
+    is one completion here). Token ids are refused: they are tokens of the caller's
+    tokenizer, which need not be the model's."""
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]
+    if isinstance(raw, str):
+        return raw
+    if (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(t, int) or isinstance(t, list) for t in raw)
+    ):
+        raise InvalidRequest("body.prompt as token ids is not supported; send the prompt as text")
+    if isinstance(raw, list):
+        raise InvalidRequest("body.prompt must be a string or a list of exactly one string")
+    raise InvalidRequest("body.prompt is missing or not a string")
+
+
+class WrongTask(InvalidRequest):
+    """A line of the other task's kind (a /v1/embeddings line in a generate job, or the
+    other way round). One such line is dead-lettered; planning refuses a job whose
+    first lines all are (a file of the other kind, submitted without ``--task``)."""
+
+
+def _line(line: dict[str, Any], endpoint: ApiEndpoint) -> tuple[str, dict[str, Any]]:
+    """(custom_id, body) of a line of a job whose requests go to ``endpoint``; raise
+    InvalidRequest (WrongTask for a line of the other task's kind)."""
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise InvalidRequest("custom_id is missing or not a string")
+    url = line.get("url")
+    if url != endpoint.value:
+        task = endpoint.task
+        other = next((e.task for e in ApiEndpoint if e.value == url), None)
+        if other is not None and other is not task:
+            raise WrongTask(f"url {url} is for {other} jobs (task {other!r}), not a {task} job")
+        raise InvalidRequest(f"url {url!r} is not supported; use {endpoint.value}")
+    if str(line.get("method", "POST")).upper() != "POST":
+        raise InvalidRequest("method must be POST")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise InvalidRequest("body is missing or not an object")
+    return custom_id, body
+
+
+# /v1/embeddings body parameters llm-batch runs (OpenAI's, less token-id input).
+EMBEDDING_PARAMETERS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
+ENCODING_FORMATS = ("float", "base64")
+
+
+def parse_embedding_request(
+    line: dict[str, Any], *, defaults: EmbedSpec, model: str
+) -> tuple[str, list[str], EmbedSpec]:
+    """Map one /v1/embeddings batch line of an embed job on ``model`` to (custom_id,
+    texts, embed options); raise InvalidRequest. ``input`` is a string or a list of
+    strings (one vector each); token-id input is refused."""
+    custom_id, body = _line(line, ApiEndpoint.EMBEDDINGS)
+    _check_model(body.get("model"), model)
+    for name in sorted(body):
+        if name not in EMBEDDING_PARAMETERS and body[name] is not None:
+            raise UnsupportedParameter(
+                f"body.{name} is not supported; supported: "
+                + ", ".join(sorted(EMBEDDING_PARAMETERS))
+            )
+    raw = body.get("input")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts:
+        raise InvalidRequest("body.input must be a string or a non-empty list of strings")
+    if not all(isinstance(t, str) for t in texts):
+        raise InvalidRequest("body.input: only text input is supported (not token ids)")
+    if any(not t for t in texts):
+        raise InvalidRequest("body.input holds an empty string")
+    encoding_format(body)
+    options = defaults
+    if body.get("dimensions") is not None:
+        try:
+            options = defaults.with_overrides({"dimensions": body["dimensions"]})
+        except ValueError as exc:
+            raise InvalidRequest(f"invalid dimensions: {body['dimensions']!r}") from exc
+    return custom_id, texts, options
+
+
+def encoding_format(body: Any) -> str:
+    """The line's ``encoding_format`` (default ``float``); raise InvalidRequest."""
+    value = (body.get("encoding_format") if isinstance(body, dict) else None) or "float"
+    if value not in ENCODING_FORMATS:
+        raise InvalidRequest(f"encoding_format {value!r} is not supported; use float or base64")
+    return str(value)
+
+
+def _check_model(named: Any, model: str) -> None:
+    if named is None:
+        return
+    if not isinstance(named, str):
+        raise InvalidRequest("body.model must be a string")
+    if model_identity(named) != model_identity(model):
+        shown = named if len(named) <= MODEL_NAME_CHARS else named[:MODEL_NAME_CHARS] + "..."
+        raise InvalidRequest(
+            f"body.model {shown!r} is not this job's model {model!r}; "
+            "submit lines for another model as a job of that model"
+        )
+
+
+def _check_parameters(body: dict[str, Any], mapped: frozenset[str]) -> None:
+    for name in sorted(body):
+        if name in mapped or name in IGNORED_PARAMETERS:
+            continue
+        value = body[name]
+        if value is None or (name in NO_OP_VALUES and value in NO_OP_VALUES[name]):
+            continue
+        if name in NO_OP_VALUES:
+            raise UnsupportedParameter(f"body.{name}={value!r} is not supported")
+        raise UnsupportedParameter(
+            f"body.{name} is not supported; supported: {', '.join(sorted(mapped))}"
+        )
+
+
+def _messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("body.messages must be a non-empty list")
+    messages = []
+    for index, message in enumerate(raw):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"body.messages[{index}] has no role")
+        content = message.get("content")
+        if isinstance(content, list):
+            # Content parts: only text can be run by a text model.
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise InvalidRequest(f"body.messages[{index}] has a non-text content part")
+                texts.append(str(part.get("text", "")))
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise InvalidRequest(f"body.messages[{index}].content must be text")
+        messages.append({"role": message["role"], "content": content})
+    return messages
+
+
+def _sampling(body: dict[str, Any], defaults: SamplingSpec) -> SamplingSpec:
+    values = defaults.model_dump(exclude={"choice", "json_schema", "regex"})
+    for key in ("temperature", "top_p", "seed"):
+        if body.get(key) is not None:
+            values[key] = body[key]
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if max_tokens is not None:
+        values["max_tokens"] = max_tokens
+    stop = body.get("stop")
+    if stop is not None:
+        values["stop"] = [stop] if isinstance(stop, str) else stop
+    response_format = body.get("response_format") or {}
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequest("response_format.json_schema.schema must be an object")
+        values["json_schema"] = schema
+    elif kind == "json_object":
+        values["json_schema"] = {"type": "object"}
+    elif kind not in (None, "text"):
+        raise InvalidRequest(f"response_format type {kind!r} is not supported")
+    try:
+        return SamplingSpec.model_validate(values)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid sampling parameters: {exc}") from exc
+
+
+def _short_hash(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+
+
+def output_line(
+    *,
+    job_id: str,
+    custom_id: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    created: int,
+    endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
+) -> dict[str, Any]:
+    """A succeeded request, as the OpenAI Batch API writes it to the output file: a
+    ``chat.completion`` body, or a ``text_completion`` one for /v1/completions."""
+    key = _short_hash(job_id, custom_id)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    body: dict[str, Any]
+    if endpoint is ApiEndpoint.COMPLETIONS:
+        body = {
+            "id": f"cmpl-{key}",
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"text": text, "index": 0, "finish_reason": finish_reason, "logprobs": None}
+            ],
+            "usage": usage,
+        }
+    else:
+        body = {
+            "id": f"chatcmpl-{key}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage,
+        }
+    return {
+        "id": f"batch_req_{key}",
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": f"req_{key}", "body": body},
+        "error": None,
+    }
+
+
+def error_line(*, job_id: str, custom_id: str, code: str, message: str) -> dict[str, Any]:
+    """A failed request, as the OpenAI Batch API writes it to the error file."""
+    return {
+        "id": f"batch_req_{_short_hash(job_id, custom_id)}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+
+
+def result_line(
+    spec: JobSpec,
+    row: LedgerRow,
+    *,
+    vectors: list[bytes] | None = None,
+    encoding: str = "float",
+) -> dict[str, Any]:
+    """A succeeded item's output line, from its ledger row: for /v1/embeddings, OpenAI's
+    embedding list of its staged ``vectors`` in the line's ``encoding``; else its
+    completion."""
+    if spec.endpoint is ApiEndpoint.EMBEDDINGS:
+        return embedding_output_line(
+            job_id=spec.job_id,
+            custom_id=row.item_id,
+            model=spec.model,
+            vectors=vectors or [],
+            encoding=encoding,
+            prompt_tokens=row.prompt_tokens or 0,
+        )
+    result = row.result or {}
+    return output_line(
+        job_id=spec.job_id,
+        custom_id=row.item_id,
+        model=spec.model,
+        text=result.get("text") or "",
+        finish_reason=result.get("finish_reason"),
+        prompt_tokens=row.prompt_tokens or 0,
+        completion_tokens=row.completion_tokens or 0,
+        created=int(row.finished_at.timestamp()) if row.finished_at else 0,
+        endpoint=spec.endpoint,
+    )
+
+
+def dead_line(
+    *,
+    job_id: str,
+    custom_id: str,
+    error_class: ErrorClass | None,
+    message: str | None,
+    source: str | None,
+) -> dict[str, Any]:
+    """A dead request's error-file line: OpenAI's code and message for one that never
+    ran (its batch expired or was cancelled), else its error class and message, with
+    the input line it came from."""
+    if error_class in NEVER_RAN:
+        code, text = NEVER_RAN[error_class]
+    else:
+        code = str(error_class or "error")
+        text = f"{message} ({source})" if source else str(message)
+    return error_line(job_id=job_id, custom_id=custom_id, code=code, message=text)
+
+
+# --- validation of a whole batch file (the OpenAI Batch API's "validating") ------------
+
+# Codes of a batch's ``errors.data`` entries, as OpenAI's Batch API names them.
+INVALID_JSON_LINE = "invalid_json_line"
+MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
+INVALID_METHOD = "invalid_method"
+URL_MISMATCH = "url_mismatch"
+DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+MODEL_MISMATCH = "model_mismatch"
+EMPTY_FILE = "empty_file"
+TOO_MANY_TASKS = "too_many_tasks"
+# Not OpenAI's (its limit is on the file): a line past the job's max_row_bytes.
+LINE_TOO_LARGE = "line_too_large"
+# Any other reason planning refuses the batch (an unsupported parameter on every line).
+INVALID_REQUEST = "invalid_request"
+
+# Error-file codes of requests that never ran, as OpenAI writes them.
+BATCH_EXPIRED = "batch_expired"
+BATCH_EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
+BATCH_CANCELLED = "batch_cancelled"
+BATCH_CANCELLED_MESSAGE = "This request was not executed because the batch was cancelled."
+# The error classes of requests that never ran, as OpenAI's codes and messages.
+NEVER_RAN: dict[ErrorClass, tuple[str, str]] = {
+    ErrorClass.BATCH_EXPIRED: (BATCH_EXPIRED, BATCH_EXPIRED_MESSAGE),
+    ErrorClass.BATCH_CANCELLED: (BATCH_CANCELLED, BATCH_CANCELLED_MESSAGE),
+}
+
+# A failed batch keeps at most this many error entries (the first ones, by line): one
+# systematic fault would otherwise give a million entries.
+MAX_BATCH_ERRORS = 100
+
+
+class BatchError(BaseModel):
+    """One entry of a failed batch's ``errors.data``, as OpenAI's Batch API has it;
+    ``line`` is 1-based. The one declaration: the validator writes these, the ledger
+    keeps them as JSON, and the HTTP API answers them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    line: int | None = None
+    message: str
+    param: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+@dataclass
+class BatchValidator:
+    """Checks every line of a batch file, one at a time (:meth:`add`), with memory
+    bounded by the number of requests (a 16-byte digest per custom_id)."""
+
+    endpoint: ApiEndpoint
+    model: str
+    max_requests: int
+    max_errors: int = MAX_BATCH_ERRORS
+    errors: list[BatchError] = field(default_factory=list)
+    requests: int = 0
+    _seen: dict[bytes, int] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        """No more errors will be kept (or the file has too many requests): stop reading."""
+        return len(self.errors) >= self.max_errors or self.requests > self.max_requests
+
+    def add(self, line: int, data: bytes | None, *, max_bytes: int) -> None:
+        """Check the line numbered ``line``; ``data`` None means longer than ``max_bytes``."""
+        self.requests += 1
+        if self.requests > self.max_requests:
+            self._error(
+                TOO_MANY_TASKS,
+                f"The batch input file has more than the maximum of {self.max_requests} requests.",
+            )
+            return
+        if data is None:
+            self._error(
+                LINE_TOO_LARGE, f"This line is longer than the limit of {max_bytes} bytes.", line
+            )
+            return
+        problem = self._check(data)
+        if problem is not None:
+            code, message, param = problem
+            self._error(code, message, line, param)
+            return
+
+    def finish(self) -> list[BatchError]:
+        """The errors found (at most ``max_errors``); an empty file is one."""
+        if self.requests == 0:
+            self._error(EMPTY_FILE, "The batch input file is empty.")
+        return self.errors[: self.max_errors]
+
+    def _error(
+        self, code: str, message: str, line: int | None = None, param: str | None = None
+    ) -> None:
+        if len(self.errors) < self.max_errors:
+            self.errors.append(BatchError(code=code, message=message, param=param, line=line))
+
+    def _check(self, data: bytes) -> tuple[str, str, str | None] | None:
+        try:
+            request = json.loads(data)
+        except ValueError:
+            return INVALID_JSON_LINE, "This line is not parseable as valid JSON.", None
+        if not isinstance(request, dict):
+            return INVALID_JSON_LINE, "This line is not a JSON object.", None
+        for name in ("custom_id", "method", "url", "body"):
+            if request.get(name) is None:
+                return MISSING_REQUIRED_PARAMETER, f"Missing required parameter: '{name}'.", name
+        custom_id, body = request["custom_id"], request["body"]
+        if not isinstance(custom_id, str) or not custom_id:
+            return MISSING_REQUIRED_PARAMETER, "custom_id must be a non-empty string.", "custom_id"
+        if not isinstance(body, dict):
+            return MISSING_REQUIRED_PARAMETER, "body must be a JSON object.", "body"
+        if str(request["method"]).upper() != "POST":
+            return INVALID_METHOD, "The method of a batch request must be POST.", "method"
+        if request["url"] != self.endpoint.value:
+            return (
+                URL_MISMATCH,
+                f"The URL provided for this request does not match the batch endpoint "
+                f"{self.endpoint.value}.",
+                "url",
+            )
+        digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
+        first = self._seen.setdefault(digest, self.requests)
+        if first != self.requests:
+            return (
+                DUPLICATE_CUSTOM_ID,
+                "The custom_id for this request is a duplicate of another request. The "
+                "custom_id parameter must be unique for each request in a batch.",
+                "custom_id",
+            )
+        named = body.get("model")
+        if named is not None and (
+            not isinstance(named, str) or model_identity(named) != model_identity(self.model)
+        ):
+            shown = str(named)[:MODEL_NAME_CHARS]
+            return (
+                MODEL_MISMATCH,
+                f"The model {shown!r} of this request does not match the batch's model "
+                f"{self.model!r}.",
+                "body.model",
+            )
+        return None
+
+
+def embedding_output_line(
+    *,
+    job_id: str,
+    custom_id: str,
+    model: str,
+    vectors: list[bytes],
+    encoding: str,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    """A succeeded /v1/embeddings request, as the OpenAI Batch API writes it.
+    ``vectors`` are each input's little-endian float32 bytes, as staged; ``encoding``
+    is the line's ``encoding_format`` (float arrays, or those bytes in base64)."""
+    key = _short_hash(job_id, custom_id)
+    data = [
+        {
+            "object": "embedding",
+            "embedding": base64.b64encode(v).decode() if encoding == "base64" else floats(v),
+            "index": index,
+        }
+        for index, v in enumerate(vectors)
+    ]
+    return {
+        "id": f"batch_req_{key}",
+        "custom_id": custom_id,
+        "response": {
+            "status_code": 200,
+            "request_id": f"req_{key}",
+            "body": {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            },
+        },
+        "error": None,
+    }

@@ -1,0 +1,62 @@
+"""Records staged between a shard's steps, and the rows of the output files.
+
+Staged objects are JSONL, one record a line, so a step streams them with bounded
+memory; their keys are fixed by (job, shard), so a retried step overwrites its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from llmbatch.contract.spec import EmbedSpec, JobSpec, SamplingSpec
+from llmbatch.contract.states import ErrorClass
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StagedRow(BaseModel):
+    """One input row as read by ``fetch_shard``; ``fields`` is None when it was unreadable."""
+
+    item_id: str
+    ordinal: int
+    source: str
+    fields: dict[str, Any] | None = None
+    error_class: ErrorClass | None = None
+    error: str | None = None
+
+
+class StagedRequest(BaseModel):
+    """One request as rendered by ``render_prompts``: chat ``messages`` or a raw
+    ``prompt`` (an OpenAI /v1/completions request) to generate from, or (embed jobs)
+    the ``texts`` to embed, one vector each."""
+
+    item_id: str
+    source: str
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+    sampling: SamplingSpec | None = None  # None: the job's sampling
+    texts: list[str] | None = None
+    embedding: EmbedSpec | None = None  # None: the job's embed options
+
+    def effective_sampling(self, spec: JobSpec) -> SamplingSpec:
+        """The sampling this item runs with: its own (an OpenAI batch line's, or a
+        re-drive's overrides) or else its job's. The one place this is worked out: the
+        request key, the engine request and dedup must agree on it."""
+        return self.sampling or spec.sampling
+
+
+def dump_jsonl(records: Iterable[BaseModel]) -> bytes:
+    """Staged records as JSONL, one a line. JSON escapes every line break inside a
+    value, so a record never spans lines."""
+    return b"".join(r.model_dump_json().encode() + b"\n" for r in records)
+
+
+def load_jsonl(data: bytes, model: type[M]) -> Iterator[M]:
+    """The records of :func:`dump_jsonl`'s output, validated as ``model`` (blank lines
+    skipped)."""
+    for line in data.splitlines():
+        if line.strip():
+            yield model.model_validate_json(line)

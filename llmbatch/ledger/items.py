@@ -1,0 +1,341 @@
+"""The item ledger: one row per (job, item), the source of truth for "done".
+
+An item's status moves only along :data:`llmbatch.contract.states.ITEM_TRANSITIONS`
+(``pending → running → succeeded | dead``; a terminal status never changes except
+through the dead-letter re-drive, :func:`llmbatch.ledger.dead_letters.requeue_dead`).
+Writes are batched through ``unnest`` arrays, one statement per batch, and fenced by
+lease: a result lands only while the writer's ``lease_owner`` still holds the item, so
+an attempt that outlived its heartbeat timeout cannot overwrite a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from llmbatch.contract.states import (
+    ErrorClass,
+    ItemStatus,
+    ResultSource,
+)
+from llmbatch.ledger.db import TERMINAL, Database, transaction
+
+
+@dataclass(slots=True)
+class NewItem:
+    """An item to register: ``ordinal`` is its position in the input (output order)."""
+
+    item_id: str
+    ordinal: int
+    prompt_hash: str | None
+    source: str
+
+
+@dataclass(slots=True)
+class Registered:
+    """What registering a shard's items found: ids already finished, and ids that
+    another shard of the job registered first (a repeated item id)."""
+
+    done: set[str]
+    elsewhere: set[str]
+
+
+@dataclass(slots=True)
+class ItemResult:
+    """A successful generation; ``result`` holds text, parsed output, finish reason."""
+
+    item_id: str
+    result: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    result_source: ResultSource = ResultSource.GENERATED
+    shared_with: str | None = None
+
+
+@dataclass(slots=True)
+class DeadItem:
+    """An item that can never succeed, and why."""
+
+    item_id: str
+    shard: int
+    error_class: ErrorClass
+    error_message: str
+    source: str | None
+
+
+@dataclass(slots=True)
+class LedgerRow:
+    """One item as the ledger has it, for writing output."""
+
+    item_id: str
+    ordinal: int
+    status: ItemStatus
+    attempt: int
+    source: str | None
+    result: dict[str, Any] | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_ms: float | None
+    error_class: ErrorClass | None
+    error_message: str | None
+    finished_at: datetime | None
+    result_source: ResultSource | None = None
+    shared_with: str | None = None
+
+
+async def register_items(
+    pool: Database, *, job_id: str, shard: int, items: Sequence[NewItem]
+) -> Registered:
+    """Insert pending rows for new items; report those already finished and those
+    another shard holds (which this shard must not run).
+
+    Placeholders of the shard (rows a failed attempt never read) give way to the
+    real items here, and their dead letters go with them.
+    """
+    if not items:
+        return Registered(done=set(), elsewhere=set())
+    ids = [i.item_id for i in items]
+    async with transaction(pool) as conn:
+        await conn.execute(
+            """
+            WITH gone AS (
+                DELETE FROM items WHERE job_id = $1 AND shard = $2 AND placeholder
+                RETURNING item_id
+            )
+            DELETE FROM dead_letters AS d USING gone
+            WHERE d.job_id = $1 AND d.item_id = gone.item_id
+            """,
+            job_id,
+            shard,
+        )
+        await conn.execute(
+            """
+            INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source)
+            SELECT $1, t.item_id, $2, t.ordinal, t.prompt_hash, t.source
+            FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[])
+                 AS t(item_id, ordinal, prompt_hash, source)
+            ON CONFLICT (job_id, item_id) DO UPDATE
+                SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now()
+                WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
+            """,
+            job_id,
+            shard,
+            ids,
+            [i.ordinal for i in items],
+            [i.prompt_hash for i in items],
+            [i.source for i in items],
+            TERMINAL,
+        )
+        # A concurrent shard inserting the same id waits on the key, then finds it taken.
+        rows = await conn.fetch(
+            "SELECT item_id, shard <> $3 AS elsewhere FROM items "
+            "WHERE job_id = $1 AND item_id = ANY($2::text[]) "
+            "AND (shard <> $3 OR status = ANY($4::text[]))",
+            job_id,
+            ids,
+            shard,
+            TERMINAL,
+        )
+    return Registered(
+        done={r["item_id"] for r in rows if not r["elsewhere"]},
+        elsewhere={r["item_id"] for r in rows if r["elsewhere"]},
+    )
+
+
+async def claim_items(
+    pool: Database,
+    *,
+    job_id: str,
+    item_ids: Sequence[str],
+    lease_owner: str,
+    activity: str | None = None,
+    attempt: int | None = None,
+) -> set[str]:
+    """Take the unfinished ones of ``item_ids`` for ``lease_owner``; return those taken.
+
+    With ``activity`` and ``attempt`` (the Temporal activity and its attempt number),
+    items that a newer attempt of the same activity holds are left alone: a stale
+    attempt that starts late must not take them back.
+    """
+    if not item_ids:
+        return set()
+    rows = await pool.fetch(
+        """
+        UPDATE items SET status = $6, lease_owner = $3, lease_activity = $4,
+                         lease_attempt = $5, attempt = attempt + 1,
+                         started_at = now(), updated_at = now()
+        WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status <> ALL($7::text[])
+          AND NOT (status = $6 AND $4::text IS NOT NULL AND lease_activity = $4
+                   AND lease_attempt > $5)
+        RETURNING item_id
+        """,
+        job_id,
+        list(item_ids),
+        lease_owner,
+        activity,
+        attempt,
+        ItemStatus.RUNNING,
+        TERMINAL,
+    )
+    return {r["item_id"] for r in rows}
+
+
+async def record_results(
+    pool: Database, *, job_id: str, lease_owner: str, results: Sequence[ItemResult]
+) -> int:
+    """Mark items succeeded where ``lease_owner`` still holds them; return rows written."""
+    if not results:
+        return 0
+    status = await pool.execute(
+        """
+        UPDATE items AS i
+        SET status = $8, result = r.result::jsonb, prompt_tokens = r.prompt_tokens,
+            completion_tokens = r.completion_tokens, latency_ms = r.latency_ms,
+            result_source = r.result_source, shared_with = r.shared_with,
+            error_class = NULL, error_message = NULL, finished_at = now(), updated_at = now()
+        FROM unnest($3::text[], $4::text[], $5::int[], $6::int[], $7::float8[], $10::text[],
+                    $11::text[])
+             AS r(item_id, result, prompt_tokens, completion_tokens, latency_ms, result_source,
+                  shared_with)
+        WHERE i.job_id = $1 AND i.item_id = r.item_id
+          AND i.lease_owner = $2 AND i.status = $9
+        """,
+        job_id,
+        lease_owner,
+        [r.item_id for r in results],
+        [json.dumps(r.result) for r in results],
+        [r.prompt_tokens for r in results],
+        [r.completion_tokens for r in results],
+        [r.latency_ms for r in results],
+        ItemStatus.SUCCEEDED,
+        ItemStatus.RUNNING,
+        [str(r.result_source) for r in results],
+        [r.shared_with for r in results],
+    )
+    return int(status.rsplit(" ", 1)[1])
+
+
+async def record_dead(
+    pool: Database, *, job_id: str, lease_owner: str | None, items: Sequence[DeadItem]
+) -> int:
+    """Mark items dead and list them as dead letters; return rows marked.
+
+    With a ``lease_owner`` only items it holds change (like results); without one,
+    any unfinished item does (rows that failed before anything claimed them).
+    """
+    if not items:
+        return 0
+    count = await pool.fetchval(
+        """
+        WITH d AS (
+            SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
+                AS t(item_id, error_class, error_message, source)
+        ), marked AS (
+            UPDATE items AS i
+            SET status = $7, error_class = d.error_class, error_message = d.error_message,
+                source = COALESCE(d.source, i.source), finished_at = now(), updated_at = now()
+            FROM d
+            WHERE i.job_id = $1 AND i.item_id = d.item_id
+              AND i.status <> ALL($8::text[])
+              AND ($6::text IS NULL OR (i.lease_owner = $6 AND i.status = $9))
+            RETURNING i.item_id, i.shard, i.error_class, i.error_message, i.source, i.attempt
+        ), listed AS (
+            INSERT INTO dead_letters
+                (job_id, item_id, shard, error_class, error_message, source, attempts)
+            SELECT $1, item_id, shard, error_class, error_message, source, attempt FROM marked
+            ON CONFLICT (job_id, item_id) DO UPDATE
+                SET error_class = EXCLUDED.error_class, error_message = EXCLUDED.error_message,
+                    attempts = EXCLUDED.attempts, created_at = now(), redriven_at = NULL
+            RETURNING 1
+        )
+        SELECT count(*) FROM marked
+        """,
+        job_id,
+        [i.item_id for i in items],
+        [i.error_class for i in items],
+        [i.error_message for i in items],
+        [i.source for i in items],
+        lease_owner,
+        ItemStatus.DEAD,
+        TERMINAL,
+        ItemStatus.RUNNING,
+    )
+    return int(count)
+
+
+async def shard_results(pool: Database, *, job_id: str, shard: int) -> list[LedgerRow]:
+    """Every item of a shard, in input order."""
+    rows = await pool.fetch(
+        """
+        SELECT item_id, ordinal, status, attempt, source, result, prompt_tokens,
+               completion_tokens, latency_ms, error_class, error_message, finished_at,
+               result_source, shared_with
+        FROM items WHERE job_id = $1 AND shard = $2 ORDER BY ordinal, item_id
+        """,
+        job_id,
+        shard,
+    )
+    return [
+        LedgerRow(
+            **{
+                **dict(r),
+                "status": ItemStatus(r["status"]),
+                "error_class": r["error_class"] and ErrorClass(r["error_class"]),
+                "result_source": r["result_source"] and ResultSource(r["result_source"]),
+            }
+        )
+        for r in rows
+    ]
+
+
+async def items_by_id(
+    pool: Database, *, job_id: str, item_ids: Sequence[str]
+) -> dict[str, LedgerRow]:
+    """The ledger rows of ``item_ids`` (those the job has), by item id."""
+    rows = await pool.fetch(
+        """
+        SELECT item_id, ordinal, status, attempt, source, result, prompt_tokens,
+               completion_tokens, latency_ms, error_class, error_message, finished_at
+        FROM items WHERE job_id = $1 AND item_id = ANY($2::text[])
+        """,
+        job_id,
+        list(item_ids),
+    )
+    return {
+        r["item_id"]: LedgerRow(
+            **{
+                **dict(r),
+                "status": ItemStatus(r["status"]),
+                "error_class": r["error_class"] and ErrorClass(r["error_class"]),
+            }
+        )
+        for r in rows
+    }
+
+
+async def release_items(
+    pool: Database, *, job_id: str, lease_owner: str, item_ids: Sequence[str]
+) -> int:
+    """Give back the items ``lease_owner`` still holds (status ``pending`` again); return
+    how many. Used when an attempt is cancelled, so its unfinished items are not left
+    ``running`` with nobody working on them."""
+    if not item_ids:
+        return 0
+    status = await pool.execute(
+        """
+        UPDATE items SET status = $4, lease_owner = NULL, started_at = NULL,
+                         updated_at = now()
+        WHERE job_id = $1 AND item_id = ANY($3::text[]) AND lease_owner = $2
+          AND status = $5
+        """,
+        job_id,
+        lease_owner,
+        list(item_ids),
+        ItemStatus.PENDING,
+        ItemStatus.RUNNING,
+    )
+    return int(status.rsplit(" ", 1)[1])

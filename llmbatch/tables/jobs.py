@@ -1,0 +1,140 @@
+"""What planning, fetch_shard and write_shard call for a job with a table in or out.
+
+Every function raises :class:`~llmbatch.formats.planning.InvalidJobSpec` at planning for a job
+that can never run, :class:`~llmbatch.tables.connect.TableError` later for a database
+error no retry cures, and lets transient errors through for Temporal to retry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmbatch.config import Settings
+from llmbatch.contract.spec import InputFormat, JobSpec
+from llmbatch.contract.states import ItemStatus
+from llmbatch.contract.tables import TableUri, parse_table_uri
+from llmbatch.formats import planning
+from llmbatch.formats.readers import SourceRow
+from llmbatch.formats.records import StagedRow
+from llmbatch.formats.shards import ShardPlan
+from llmbatch.formats.vectors import Vectors, floats
+from llmbatch.ledger.items import LedgerRow
+from llmbatch.rendering.templates import RenderLimits
+from llmbatch.tables import sink, source
+from llmbatch.tables.connect import TableError, connect
+
+# Where a job with a table output keeps its own objects when the spec names no work_uri.
+WORK_PREFIX = "tables"
+
+
+def work_root(spec: JobSpec, settings: Settings) -> str:
+    """The job's own folder (plans, staging, error parts, manifest): under
+    ``<output_uri>`` for a file output, under ``work_uri`` for a table output."""
+    if not spec.table_output:
+        return f"{spec.output_uri.rstrip('/')}/{spec.job_id}"
+    base = spec.work_uri or f"s3://{settings.s3_bucket}/{WORK_PREFIX}"
+    return f"{base.rstrip('/')}/{spec.job_id}"
+
+
+async def check_table_job(
+    spec: JobSpec, settings: Settings, limits: RenderLimits, *, create_output: bool
+) -> list[ShardPlan] | None:
+    """The table parts of a job checked: its input table or query (fields, key, the
+    prompt on the first row; then planned into key-range shards, returned) and its
+    output table (compatible, or created when ``create_output``). ``llm-batch submit``
+    checks without creating; ``plan_job`` creates."""
+    shards = None
+    try:
+        if spec.table_input:
+            table = parse_table_uri(spec.inputs[0])
+            async with connect(table, settings) as conn:
+                info = await source.inspect_source(conn, table, id_field=spec.id_field)
+                if info.rows == 0:
+                    raise TableError(f"input has no rows: {table.display}")
+                planning.check_prompt(
+                    spec,
+                    fmt=InputFormat.TABLE,
+                    fields=info.fields,
+                    row=info.sample,
+                    where=table.display,
+                    limits=limits,
+                )
+                if create_output:
+                    shards = await source.plan_key_ranges(
+                        conn, table, info, shard_size=spec.shard_size
+                    )
+        if spec.table_output:
+            out = parse_table_uri(spec.output_uri, output=True)
+            async with connect(out, settings) as conn:
+                if create_output:
+                    await sink.prepare_output(conn, out, spec)
+                else:
+                    # Checked in a transaction rolled back: submit creates nothing.
+                    tx = conn.transaction()
+                    await tx.start()
+                    try:
+                        await sink.prepare_output(conn, out, spec)
+                    finally:
+                        await tx.rollback()
+    except TableError as exc:
+        raise planning.InvalidJobSpec(str(exc)) from exc
+    return shards
+
+
+async def read_shard(plan: ShardPlan, settings: Settings, *, max_row_bytes: int) -> list[SourceRow]:
+    """A table shard's rows (streamed from the server, one snapshot)."""
+    table = parse_table_uri(plan.uri)
+    async with connect(table, settings) as conn:
+        rows = source.read_shard(conn, table, plan, max_row_bytes=max_row_bytes)
+        return [row async for row in rows]
+
+
+async def write_shard(
+    spec: JobSpec,
+    settings: Settings,
+    entries: list[LedgerRow],
+    rows: dict[str, StagedRow],
+    vectors: Vectors | None,
+) -> int:
+    """Upsert one output row per item of a shard into the job's output table."""
+    table: TableUri = parse_table_uri(spec.output_uri, output=True)
+    out = [_row(spec, e, rows.get(e.item_id), vectors) for e in entries]
+    async with connect(table, settings) as conn:
+        return await sink.upsert(conn, table, spec, out)
+
+
+def _row(
+    spec: JobSpec, entry: LedgerRow, staged: StagedRow | None, vectors: Vectors | None
+) -> dict[str, Any]:
+    result = entry.result or {}
+    dead = entry.status is ItemStatus.DEAD
+    fields = None
+    if spec.output_fields is not None:
+        own = (staged.fields if staged is not None else None) or {}
+        fields = {k: own.get(k) for k in spec.output_fields}
+    row: dict[str, Any] = {
+        "item_id": entry.item_id,
+        "job_id": spec.job_id,
+        "status": str(entry.status),
+        "prompt_tokens": entry.prompt_tokens,
+        "input": fields,
+        "error_class": str(entry.error_class) if dead and entry.error_class else None,
+        "error": (
+            {"message": entry.error_message, "source": entry.source, "attempts": entry.attempt}
+            if dead
+            else None
+        ),
+    }
+    if vectors is not None:
+        vector = vectors.get(entry.item_id, [b""])[0] or None
+        row["embedding"] = None if vector is None else floats(vector)
+        return row
+    row.update(
+        text=result.get("text"),
+        parsed=result.get("parsed"),
+        finish_reason=result.get("finish_reason"),
+        completion_tokens=entry.completion_tokens,
+        result_source=None if entry.result_source is None else str(entry.result_source),
+        shared_with=entry.shared_with,
+    )
+    return row

@@ -1,0 +1,114 @@
+"""Request keys, weights fingerprints, leads and the result cache, on real Postgres."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import asyncpg
+
+from llmbatch import ledger
+from llmbatch.contract.spec import SamplingSpec
+from llmbatch.dedup import leads, result_cache
+from llmbatch.dedup.keys import cache_key, request_key, weights_fingerprint
+from llmbatch.devstack.tiny_model import build_tiny_model
+
+MESSAGES = [{"role": "user", "content": "Tell me about ACME."}]
+
+
+def test_the_request_key_covers_model_messages_sampling_and_constraint() -> None:
+    base = request_key(model="m", messages=MESSAGES, sampling=SamplingSpec())
+    assert base == request_key(model="m/", messages=MESSAGES, sampling=SamplingSpec())
+    others = [
+        request_key(model="other", messages=MESSAGES, sampling=SamplingSpec()),
+        request_key(
+            model="m", messages=[{"role": "user", "content": "x"}], sampling=SamplingSpec()
+        ),
+        request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(max_tokens=9)),
+        request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(choice=["a", "b"])),
+        request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(seed=3)),
+        # Completions requests: the raw prompt decides, not the (absent) messages.
+        request_key(model="m", messages=None, prompt="Once upon", sampling=SamplingSpec()),
+        request_key(model="m", messages=None, prompt="Once upon a", sampling=SamplingSpec()),
+    ]
+    assert len({base, *others}) == 8
+    assert SamplingSpec().reproducible and SamplingSpec(temperature=0.7, seed=1).reproducible
+    assert not SamplingSpec(temperature=0.7).reproducible
+
+
+async def test_a_model_rebuilt_with_other_weights_misses_the_cache(
+    ledger_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    path = tmp_path / "tiny"
+    first = weights_fingerprint(str(build_tiny_model(path, seed=0)))
+    key = request_key(model=str(path), messages=MESSAGES, sampling=SamplingSpec())
+    await result_cache.store(
+        ledger_pool,
+        model=str(path),
+        weights=str(first),
+        job_id="cache-job",
+        entries=[result_cache.NewEntry(cache_key(key, str(first)), {"text": "hi"}, 3, 1, "r1")],
+    )
+
+    rebuilt = weights_fingerprint(str(build_tiny_model(path, seed=1)))  # same path, same name
+    assert first is not None and rebuilt is not None and rebuilt != first
+    missed = await result_cache.lookup(ledger_pool, cache_keys=[cache_key(key, rebuilt)], uses=[1])
+    assert missed == {}
+    # The fingerprint is of the files, not of the moment: the old weights hit again.
+    again = weights_fingerprint(str(build_tiny_model(path, seed=0)))
+    assert again == first
+    hit = await result_cache.lookup(ledger_pool, cache_keys=[cache_key(key, again)], uses=[4])
+    assert hit[cache_key(key, again)].result == {"text": "hi"}
+
+    (stats,) = [s for s in await result_cache.stats(ledger_pool) if s.model == str(path)]
+    assert (stats.entries, stats.hits) == (1, 4)
+    assert await result_cache.purge(ledger_pool, older_than=timedelta(days=30)) == 0
+    assert await result_cache.purge(ledger_pool, model=str(path)) == 1
+
+
+async def test_a_lead_is_held_by_its_items_lease_and_taken_over_when_that_dies(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    job, key = "lead-job", "k" * 64
+    items = [ledger.items.NewItem(item_id=i, ordinal=n, prompt_hash=key, source="s") for n, i in
+             enumerate(["a1", "b1"])]  # fmt: skip
+    await ledger.items.register_items(ledger_pool, job_id=job, shard=0, items=items[:1])
+    await ledger.items.register_items(ledger_pool, job_id=job, shard=1, items=items[1:])
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["a1"], lease_owner="A#1")
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["b1"], lease_owner="B#1")
+
+    take = leads.take_leads
+    assert await take(
+        ledger_pool, job_id=job, leads=[(key, "a1")], lease_owner="A#1", stale_after_s=60
+    ) == {key}
+    # Shard B finds the lead alive (its item runs under the lead's lease): it waits.
+    assert not await take(
+        ledger_pool, job_id=job, leads=[(key, "b1")], lease_owner="B#1", stale_after_s=60
+    )
+    assert (await leads.leads(ledger_pool, job_id=job, request_keys=[key]))[key].result is None
+
+    # A's worker died; its retry claimed the item again under another lease: the lead
+    # is free, and exactly one of two shards asking takes it.
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["a1"], lease_owner="A#2")
+    assert await take(
+        ledger_pool, job_id=job, leads=[(key, "b1")], lease_owner="B#1", stale_after_s=60
+    ) == {key}
+    assert not await take(
+        ledger_pool, job_id=job, leads=[(key, "a1")], lease_owner="A#2", stale_after_s=60
+    )
+    # A lead whose renewals stopped is taken over too.
+    assert await take(
+        ledger_pool, job_id=job, leads=[(key, "a1")], lease_owner="A#2", stale_after_s=0
+    ) == {key}
+    # Once the leader succeeded, followers read its result instead of leading.
+    await ledger.items.record_results(
+        ledger_pool,
+        job_id=job,
+        lease_owner="A#2",
+        results=[ledger.items.ItemResult("a1", {"text": "t"}, 2, 1, 5.0)],
+    )
+    assert not await take(
+        ledger_pool, job_id=job, leads=[(key, "b1")], lease_owner="B#1", stale_after_s=0
+    )
+    lead = (await leads.leads(ledger_pool, job_id=job, request_keys=[key]))[key]
+    assert (lead.item_id, lead.result, lead.completion_tokens) == ("a1", {"text": "t"}, 1)

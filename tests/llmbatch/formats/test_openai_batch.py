@@ -1,0 +1,364 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
+from llmbatch.contract.states import ErrorClass
+from llmbatch.formats.openai_batch import (
+    BATCH_EXPIRED,
+    BATCH_EXPIRED_MESSAGE,
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    BatchValidator,
+    InvalidRequest,
+    ParsedRequest,
+    UnsupportedParameter,
+    WrongTask,
+    dead_line,
+    embedding_output_line,
+    error_line,
+    output_line,
+    parse,
+    parse_embedding_request,
+    parse_request,
+)
+
+
+def line(**body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body},
+    }
+
+
+def test_body_maps_to_messages_and_sampling() -> None:
+    custom_id, messages, sampling = parse_request(
+        line(
+            max_completion_tokens=7,
+            temperature=0.5,
+            stop="\n",
+            response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+        ),
+        defaults=SamplingSpec(),
+        model="m",
+    )
+    assert custom_id == "a"
+    assert messages == [{"role": "user", "content": "hi"}]
+    assert (sampling.max_tokens, sampling.temperature, sampling.stop) == (7, 0.5, ["\n"])
+    assert sampling.json_schema == {"type": "object"}
+
+
+def test_text_content_parts_are_joined() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    _, messages, _ = parse_request(
+        line(messages=[{"role": "user", "content": parts}]), defaults=SamplingSpec(), model="m"
+    )
+    assert messages[0]["content"] == "ab"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"url": "/v1/responses"}, "not supported"),
+        ({"custom_id": None}, "custom_id"),
+        ({"body": {"messages": []}}, "non-empty"),
+        ({"body": {"messages": [{"role": "user", "content": "x"}], "n": 2}}, "n other than 1"),
+        ({"body": {"messages": [{"role": "user", "content": "x"}], "temperature": 9}}, "sampling"),
+    ],
+)
+def test_requests_that_cannot_run_are_refused(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_request({**line(), **change}, defaults=SamplingSpec(), model="m")
+
+
+def test_a_line_for_another_model_is_refused_naming_both_models() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse_request(
+            line(model="gpt-4o-mini", messages=[{"role": "user", "content": "PRIVATE ROW"}]),
+            defaults=SamplingSpec(),
+            model="/models/m",
+        )
+    assert "'gpt-4o-mini'" in str(refused.value) and "'/models/m'" in str(refused.value)
+    assert "PRIVATE" not in str(refused.value)  # no row content beyond the model's name
+    # No model in the body: the job's runs it, as it does for the same path with a slash.
+    for same in ({}, {"model": "/models/m/"}):
+        body = {"messages": [{"role": "user", "content": "x"}], **same}
+        parse_request({**line(), "body": body}, defaults=SamplingSpec(), model="/models/m")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"frobnicate": 1}, r"body\.frobnicate is not supported; supported: max_completion"),
+        ({"logit_bias": {"50256": -100}}, r"body\.logit_bias=\{'50256': -100\} is not supported"),
+        ({"presence_penalty": 0.5}, r"body\.presence_penalty=0\.5"),
+        ({"stream": True}, r"body\.stream=True"),
+        ({"tools": [{"type": "function"}]}, r"body\.tools is not supported"),
+    ],
+)
+def test_unsupported_body_parameters_are_named_not_dropped(
+    body: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UnsupportedParameter, match=message) as refused:
+        parse_request(line(**body), defaults=SamplingSpec(), model="m")
+    # Still an InvalidRequest: the line is dead-lettered under that class.
+    assert isinstance(refused.value, InvalidRequest)
+
+
+def test_parameters_that_ask_for_nothing_are_accepted() -> None:
+    _, _, sampling = parse_request(
+        line(
+            user="u-1", metadata={"k": "v"}, store=False, stream=False, logprobs=False,
+            frequency_penalty=0, presence_penalty=0.0, logit_bias={}, tools=None, n=1,
+            seed=3, top_p=0.5, max_tokens=9, response_format={"type": "text"},
+        ),
+        defaults=SamplingSpec(), model="m",
+    )  # fmt: skip
+    assert (sampling.seed, sampling.top_p, sampling.max_tokens) == (3, 0.5, 9)
+
+
+def test_output_and_error_lines_have_the_openai_shape() -> None:
+    out = output_line(
+        job_id="j",
+        custom_id="a",
+        model="m",
+        text="hello",
+        finish_reason="stop",
+        prompt_tokens=3,
+        completion_tokens=2,
+        created=1,
+    )
+    assert out["response"]["status_code"] == 200
+    assert out["response"]["body"]["usage"]["total_tokens"] == 5
+    assert out["response"]["body"]["choices"][0]["message"]["content"] == "hello"
+    err = error_line(job_id="j", custom_id="a", code="InvalidRequest", message="bad")
+    assert err["id"] == out["id"] and err["response"] is None
+    assert err["error"] == {"code": "InvalidRequest", "message": "bad"}
+
+
+# --- /v1/completions -------------------------------------------------------------------
+
+
+def completion(**body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": "c",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "m", "prompt": "Once upon", **body},
+    }
+
+
+def parse_completion(request: dict[str, Any]) -> ParsedRequest:
+    return parse(request, defaults=SamplingSpec(), model="m", endpoint=ApiEndpoint.COMPLETIONS)
+
+
+def test_a_completion_runs_its_prompt_as_given_with_openais_max_tokens_default() -> None:
+    parsed = parse_completion(completion(temperature=0.3, stop="\n"))
+    assert (parsed.custom_id, parsed.prompt, parsed.messages) == ("c", "Once upon", None)
+    assert parsed.sampling.max_tokens == COMPLETIONS_DEFAULT_MAX_TOKENS
+    assert (parsed.sampling.temperature, parsed.sampling.stop) == (0.3, ["\n"])
+    assert parse_completion(completion(max_tokens=9)).sampling.max_tokens == 9
+
+
+def test_a_list_of_one_prompt_is_that_prompt() -> None:
+    assert parse_completion(completion(prompt=["only one"])).prompt == "only one"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([1, 2, 3], "token ids"),
+        ([[1, 2], [3]], "token ids"),
+        (["a", "b"], "exactly one string"),
+        ([], "exactly one string"),
+        (None, "missing"),
+        (7, "missing"),
+    ],
+)
+def test_prompts_that_are_not_one_text_are_refused(prompt: Any, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_completion(completion(prompt=prompt))
+
+
+def test_a_completion_refuses_chat_only_parameters_and_the_other_endpoint() -> None:
+    with pytest.raises(UnsupportedParameter, match=r"body\.messages"):
+        parse_completion(completion(messages=[{"role": "user", "content": "x"}]))
+    with pytest.raises(UnsupportedParameter, match=r"body\.suffix"):
+        parse_completion(completion(suffix="end"))
+    with pytest.raises(InvalidRequest, match="/v1/completions"):
+        parse_completion({**completion(), "url": "/v1/chat/completions"})
+    # A plain job (no API batch) runs chat lines only, as before.
+    with pytest.raises(InvalidRequest, match="/v1/chat/completions"):
+        parse(completion(), defaults=SamplingSpec(), model="m")
+
+
+def test_a_completion_output_line_is_a_text_completion() -> None:
+    out = output_line(
+        job_id="j",
+        custom_id="c",
+        model="m",
+        text=" a time",
+        finish_reason="length",
+        prompt_tokens=3,
+        completion_tokens=2,
+        created=11,
+        endpoint=ApiEndpoint.COMPLETIONS,
+    )
+    body = out["response"]["body"]
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"] == [
+        {"text": " a time", "index": 0, "finish_reason": "length", "logprobs": None}
+    ]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+# --- validation of a whole batch file --------------------------------------------------
+
+
+def validate(
+    lines: list[bytes | None], *, max_requests: int = 100, max_errors: int = 100
+) -> list[tuple[int | None, str, str | None]]:
+    validator = BatchValidator(
+        endpoint=ApiEndpoint.CHAT_COMPLETIONS,
+        model="m",
+        max_requests=max_requests,
+        max_errors=max_errors,
+    )
+    for number, data in enumerate(lines, start=1):
+        validator.add(number, data, max_bytes=1000)
+        if validator.full:
+            break
+    return [(e.line, e.code, e.param) for e in validator.finish()]
+
+
+def dump(request: dict[str, Any]) -> bytes:
+    return json.dumps(request).encode() + b"\n"
+
+
+def test_a_good_file_has_no_errors_and_a_trailing_slash_names_the_same_model() -> None:
+    good = line()
+    good["body"]["model"] = "m/"
+    assert (
+        validate(
+            [dump(line()), dump({**line(), "custom_id": "b"}), dump(good | {"custom_id": "c"})]
+        )
+        == []
+    )
+
+
+def test_every_fault_is_reported_with_its_line_code_and_param() -> None:
+    lines = [
+        dump(line()),
+        b"{oops\n",
+        b"[1, 2]\n",
+        dump({k: v for k, v in line().items() if k != "body"}),
+        dump({**line(), "method": "PUT", "custom_id": "d"}),
+        dump({**line(), "url": "/v1/completions", "custom_id": "e"}),
+        dump(line()),
+        dump({**line(), "custom_id": "g", "body": {"model": "other", "messages": []}}),
+        None,
+    ]
+    assert validate(lines) == [
+        (2, "invalid_json_line", None),
+        (3, "invalid_json_line", None),
+        (4, "missing_required_parameter", "body"),
+        (5, "invalid_method", "method"),
+        (6, "url_mismatch", "url"),
+        (7, "duplicate_custom_id", "custom_id"),
+        (8, "model_mismatch", "body.model"),
+        (9, "line_too_large", None),
+    ]
+
+
+def test_an_empty_file_and_too_many_requests_are_errors_of_the_file() -> None:
+    assert validate([]) == [(None, "empty_file", None)]
+    many = [dump({**line(), "custom_id": str(i)}) for i in range(5)]
+    assert validate(many, max_requests=3) == [(None, "too_many_tasks", None)]
+
+
+def test_errors_are_kept_up_to_the_limit() -> None:
+    assert len(validate([b"x\n"] * 10, max_errors=4)) == 4
+
+
+def embedding_line(**body: Any) -> dict[str, Any]:
+    return {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": body}
+
+
+def test_embedding_lines_take_a_string_or_a_list_and_dimensions() -> None:
+    defaults = EmbedSpec(normalize=False)
+    assert parse_embedding_request(
+        embedding_line(model="m", input="hi"), defaults=defaults, model="m"
+    ) == ("e", ["hi"], defaults)
+    _, texts, options = parse_embedding_request(
+        embedding_line(input=["a", "b"], dimensions=32, encoding_format="base64"),
+        defaults=defaults,
+        model="m",
+    )
+    assert texts == ["a", "b"] and options == EmbedSpec(dimensions=32, normalize=False)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"input": [1, 2]}, "token ids"),
+        ({"input": []}, "non-empty list"),
+        ({"input": ""}, "empty string"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "dimensions": 0}, "dimensions"),
+        ({"input": "x", "model": "other"}, "not this job's model"),
+    ],
+)
+def test_embedding_lines_that_cannot_run_are_refused(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_embedding_request(embedding_line(**body), defaults=EmbedSpec(), model="m")
+
+
+def test_a_line_of_the_other_task_refuses_the_job_naming_the_task() -> None:
+    with pytest.raises(WrongTask, match="for embed jobs"):
+        parse_request(embedding_line(input="x"), defaults=SamplingSpec(), model="m")
+    with pytest.raises(WrongTask, match="for generate jobs"):
+        parse_embedding_request(line(), defaults=EmbedSpec(), model="m")
+    with pytest.raises(UnsupportedParameter, match=r"body\.user_vectors"):
+        parse_embedding_request(
+            embedding_line(input="x", user_vectors=1), defaults=EmbedSpec(), model="m"
+        )
+
+
+def test_embedding_output_lines_have_the_openai_shape() -> None:
+    line = embedding_output_line(
+        job_id="j", custom_id="e", model="m", vectors=[b"\x00\x00\x80\x3f"], encoding="base64",
+        prompt_tokens=3,
+    )  # fmt: skip
+    assert line["custom_id"] == "e" and line["error"] is None
+    body = line["response"]["body"]
+    assert body["object"] == "list" and body["model"] == "m"
+    assert body["data"] == [{"object": "embedding", "embedding": "AACAPw==", "index": 0}]
+    assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    as_floats = embedding_output_line(
+        job_id="j", custom_id="e", model="m", vectors=[b"\x00\x00\x80\x3f"], encoding="float",
+        prompt_tokens=3,
+    )  # fmt: skip
+    assert as_floats["response"]["body"]["data"][0]["embedding"] == [1.0]
+
+
+def test_a_dead_request_that_never_ran_gets_openais_code_the_rest_their_class() -> None:
+    expired = dead_line(
+        job_id="j", custom_id="a", error_class=ErrorClass.BATCH_EXPIRED, message=None, source=None
+    )
+    assert expired["error"] == {"code": BATCH_EXPIRED, "message": BATCH_EXPIRED_MESSAGE}
+    failed = dead_line(
+        job_id="j",
+        custom_id="b",
+        error_class=ErrorClass.PROMPT_TOO_LONG,
+        message="too long",
+        source="s3://b/in.jsonl:line 3",
+    )
+    assert failed["response"] is None and failed["custom_id"] == "b"
+    assert failed["error"] == {
+        "code": "PromptTooLong",
+        "message": "too long (s3://b/in.jsonl:line 3)",
+    }

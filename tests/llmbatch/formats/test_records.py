@@ -1,0 +1,34 @@
+"""The JSONL records staged between a shard's steps (llmbatch.formats.records)."""
+
+from __future__ import annotations
+
+from llmbatch.contract.spec import SamplingSpec
+from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
+
+
+def test_staged_records_round_trip() -> None:
+    rows = [
+        # Line breaks and non-ASCII inside values stay inside their record.
+        StagedRow(item_id="1", ordinal=0, source="in.jsonl:1", fields={"a": "x\ny\r\u2028ü"}),
+        StagedRow(
+            item_id="2", ordinal=1, source="in.jsonl:2", error_class="InvalidRow", error="bad"
+        ),
+    ]
+    data = dump_jsonl(rows)
+    assert data.count(b"\n") == 2
+    assert list(load_jsonl(data, StagedRow)) == rows
+    assert list(load_jsonl(b"\n" + data + b"\n\n", StagedRow)) == rows  # blank lines skipped
+    assert dump_jsonl([]) == b""
+
+
+def test_staged_request_keeps_its_sampling() -> None:
+    requests = [
+        StagedRequest(
+            item_id="1",
+            source="s",
+            messages=[{"role": "user", "content": "hi"}],
+            sampling=SamplingSpec(choice=["a", "b"], max_tokens=2),
+        ),
+        StagedRequest(item_id="2", source="s", messages=[{"role": "user", "content": "yo"}]),
+    ]
+    assert list(load_jsonl(dump_jsonl(requests), StagedRequest)) == requests
