@@ -106,6 +106,27 @@ def _body(model: str, text: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
+def _openai_loop(
+    base_url: str, model: str, texts: list[str], max_tokens: int, *, max_retries: int
+) -> tuple[Any, Callable[[int], Awaitable[Any]]]:
+    """The official async client, and the call a user's loop makes with it."""
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=KEY, max_retries=max_retries, timeout=600
+    )
+
+    async def call(i: int) -> Any:
+        return await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": texts[i]}],
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
+
+    return client, call
+
+
 async def client_cpu(
     kind: str, base_url: str, model: str, n: int, concurrency: int, max_tokens: int
 ) -> tuple[float, float]:
@@ -113,18 +134,7 @@ async def client_cpu(
     texts = prompts(n)
     closer: Callable[[], Awaitable[Any]]
     if kind == "openai":
-        import openai
-
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=600)
-
-        async def call(i: int) -> Any:
-            return await client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": texts[i]}],
-                max_tokens=max_tokens,
-                temperature=0.0,
-            )
-
+        client, call = _openai_loop(base_url, model, texts, max_tokens, max_retries=0)
         closer = client.close
     elif kind == "httpx":
         import httpx
@@ -175,18 +185,8 @@ async def plain_loop(
 ) -> tuple[float, int]:
     """(wall s, failed items) for the loop a user would write: the official client
     (its default retries) under a semaphore."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, timeout=600)
-    texts = prompts(n)
-
-    async def call(i: int) -> Any:
-        return await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": texts[i]}],
-            max_tokens=max_tokens,
-            temperature=0.0,
-        )
+    # The client's default retries (2), as a user's loop has them.
+    client, call = _openai_loop(base_url, model, prompts(n), max_tokens, max_retries=2)
 
     started = time.perf_counter()
     failed = await _bounded(n, concurrency, call)
