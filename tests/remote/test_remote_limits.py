@@ -111,14 +111,13 @@ async def test_two_jobs_on_two_workers_share_the_endpoint_rpm(
     passed = [t for t, s in seen if s == 200]
     throttled = [t for t, s in seen if s == 429]
     assert len(passed) == 100
+    assert len(throttled) <= 2
     span = max(passed) - min(passed)
     rate = (len(passed) - 1) / span
     # Both workers together, as the gateway saw them: within the declared 5/s (and so
     # within the gateway's 6/s), in every 5-second window too.
     assert rate <= 5.5, f"{rate:.2f} requests/s"
-    # nginx logs a request when it ends: response times shift a few by up to a second.
-    assert _max_in_window(passed, 5.0) <= 5 * 5 + 5
-    assert len(throttled) <= 2
+    assert _max_in_window(passed, 5.0) <= 5 * 5 + 3
     print(f"2 workers, 2 jobs: {rate:.2f} requests/s at the gateway (limit 6, RPM 5/s), "
           f"{len(throttled)} answered 429")  # fmt: skip
 
@@ -158,12 +157,13 @@ async def test_killed_remote_worker_is_replaced_and_every_item_ends_once(
     assert len(ids) == 400 and len(set(ids)) == 400
     # Delivery to the endpoint is at-least-once: what was in flight at the kill (8 per
     # worker, the endpoint's concurrency) and what was answered but not yet in the
-    # ledger (results are recorded once a second) reached the server twice.
+    # ledger (results are recorded once a second; arrivals up to 3 s before the kill
+    # on this loaded machine) reached the server twice.
     answered = [t for t, s in gateway.requests("/chat/completions") if s == 200]
     sent = len(answered)
-    last_second = sum(1 for t in answered if killed_at - 1.5 <= t <= killed_at)
+    recent = sum(1 for t in answered if killed_at - 3.0 <= t <= killed_at)
     twice = sent - 400
-    assert 0 <= twice <= 8 + last_second, (sent, last_second)
+    assert 0 <= twice <= 8 + recent, (sent, recent)
     print(f"SIGKILL mid-job: {sent} requests for 400 items ({twice} sent twice)")
 
 
