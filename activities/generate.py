@@ -41,6 +41,7 @@ from llmbatch.dedup.coordination import (
     group_requests,
 )
 from llmbatch.engine.base import BatchEngine, EngineUsage
+from llmbatch.engine.errors import EndpointRefusedError
 from llmbatch.engine.requests import (
     EmbeddingRequest,
     GenerationRequest,
@@ -48,6 +49,7 @@ from llmbatch.engine.requests import (
 from llmbatch.engine.vllm_engine import EngineDeadError
 from llmbatch.formats.records import StagedRequest, load_jsonl
 from llmbatch.generation.recorder import EmbedRecorder, Recorder
+from llmbatch.remote.pause import pause_job
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,14 @@ class GenerateActivities:
             # requests by now; keep what came back, give back the rest.
             await asyncio.shield(_give_back(self._ctx, recorder, job_id, lease, claimed))
             raise
+        except EndpointRefusedError as exc:
+            # Every item would fail the same way (a wrong key, a model the endpoint
+            # does not serve): pause the job, give its items back, and let Temporal
+            # retry this attempt, which waits while the job is paused.
+            await asyncio.shield(_refused(self._ctx, recorder, job_id, lease, claimed, exc))
+            raise ApplicationError(
+                f"{exc}; job {job_id} paused", type=FailureType.ENDPOINT_REFUSED
+            ) from None
         except EngineDeadError as exc:
             if self._on_engine_dead is not None:
                 self._on_engine_dead(exc)
@@ -339,6 +349,19 @@ async def _give_back(
         log.warning("attempt %s: items not released on cancel: %s", lease, exc)
         return
     log.info("attempt %s cancelled: %d unfinished items made pending again", lease, released)
+
+
+async def _refused(
+    ctx: ActivityContext,
+    recorder: Recorder,
+    job_id: str,
+    lease: str,
+    claimed: set[str],
+    exc: EndpointRefusedError,
+) -> None:
+    log.error("job %s paused: %s", job_id, exc)
+    await pause_job(ctx.pool, job_id=job_id, reason=str(exc))
+    await _give_back(ctx, recorder, job_id, lease, claimed)
 
 
 class _PauseGate:

@@ -91,7 +91,9 @@ class PlanningActivities:
             layout=layout,
             shard_count=len(shards),
             items_total=sum(s.row_count for s in shards),
-            gpu_task_queue=self._ctx.settings.gpu_task_queue(spec.model, spec.task),
+            gpu_task_queue=self._ctx.settings.gpu_task_queue(
+                spec.model, spec.task, endpoint=spec.remote_endpoint
+            ),
             generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
         )
 

@@ -306,13 +306,23 @@ class Settings(BaseSettings):
             raise ValueError("s3_endpoint_url is not set")
         return urlsplit(self.s3_endpoint_url).port or 80
 
-    def gpu_task_queue(self, model: str, task: Task = Task.GENERATE) -> str:
-        """The task queue of workers that serve ``task`` with exactly ``model`` loaded.
+    def gpu_task_queue(
+        self, model: str, task: Task = Task.GENERATE, *, endpoint: str | None = None
+    ) -> str:
+        """The task queue of workers that serve ``task`` with exactly ``model`` loaded,
+        or with ``endpoint`` given, of the remote workers that call that endpoint's
+        ``model`` (``llm-batch worker remote``).
 
-        The plan of a job, the GPU worker and the CLI's poller check all call this,
-        so they cannot disagree on a name.
+        The plan of a job, the GPU and remote workers and the CLI's poller check all
+        call this, so they cannot disagree on a name.
         """
         identity = model_identity(model)
+        if endpoint is not None:
+            digest = hashlib.sha256(f"{endpoint}\n{identity}".encode()).hexdigest()
+            return (
+                f"{self.gpu_task_queue_prefix}-endpoint-{endpoint}-{task}-{model_slug(model)}"
+                f"-{digest[:MODEL_HASH_CHARS]}"
+            )
         digest = hashlib.sha256(identity.encode()).hexdigest()[:MODEL_HASH_CHARS]
         return f"{self.gpu_task_queue_prefix}-{task}-{model_slug(model)}-{digest}"
 

@@ -27,6 +27,7 @@ pytest_plugins = [
     "tests.fixtures.api_server",
     "tests.fixtures.embed_worker",
     "tests.fixtures.tables",
+    "tests.fixtures.openai_server",
 ]
 
 # The base folder this file made for the session (none when --basetemp was given).

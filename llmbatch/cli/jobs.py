@@ -112,8 +112,17 @@ async def _submit(
     attach: bool,
 ) -> None:
     await check_inputs(spec, settings)
+    if spec.remote_endpoint is not None:
+        await _check_endpoint(settings, spec.remote_endpoint)
     client = await connect(settings)
-    await _check_worker(client, spec.model, settings, require=require_worker, task=spec.task)
+    await _check_worker(
+        client,
+        spec.model,
+        settings,
+        require=require_worker,
+        task=spec.task,
+        endpoint=spec.remote_endpoint,
+    )
     handle, started = await start_job(client, spec, settings=settings)
     if not started and not attach:
         await _refuse_other_spec(client, spec)
@@ -129,18 +138,43 @@ async def _submit(
         print_summary(summary, as_json=as_json)
 
 
+async def _check_endpoint(settings: Settings, name: str) -> None:
+    """A job on an endpoint nobody declared would wait for ever: refuse it now."""
+    from llmbatch import ledger
+    from llmbatch.remote.endpoints import EndpointError, get_endpoint
+
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
+    try:
+        await get_endpoint(pool, name)
+    except EndpointError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        await pool.close()
+
+
 async def _check_worker(
-    client: Client, model: str, settings: Settings, *, require: bool, task: Task = Task.GENERATE
+    client: Client,
+    model: str,
+    settings: Settings,
+    *,
+    require: bool,
+    task: Task = Task.GENERATE,
+    endpoint: str | None = None,
 ) -> None:
     """A job for a model nobody serves would wait for a worker: say so before it starts."""
-    if await model_has_worker(client, settings, model, task=task):
+    if await model_has_worker(client, settings, model, task=task, endpoint=endpoint):
         return
-    queue = settings.gpu_task_queue(model, task)
+    queue = settings.gpu_task_queue(model, task, endpoint=endpoint)
     if require:
         flag = f" --task {task}" if task is not Task.GENERATE else ""
+        start = (
+            f"llm-batch worker remote --endpoint {endpoint} --model {model}{flag}"
+            if endpoint is not None
+            else f"llm-batch worker gpu --model {model}{flag}"
+        )
         raise CliError(
             f"no worker serves model {model} (task queue {queue}); start one with "
-            f"'llm-batch worker gpu --model {model}{flag}', or submit without --require-worker"
+            f"'{start}', or submit without --require-worker"
         )
     # Submitted anyway: a worker may be on its way (autoscaling, a restart).
     limit = format_duration(settings.generate_schedule_to_start.total_seconds())
@@ -170,13 +204,17 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     # The job's workflow cannot see pollers, so the CLI asks Temporal itself.
     waiting = False
     task = Task.GENERATE
+    endpoint: str | None = None
     if p.state == JobState.RUNNING:
         client = await connect(settings)
         # The task names the queue (an embed job waits on an embedding worker's).
         spec = await started_spec(client, job_id)
         task = spec.task if spec is not None else Task.GENERATE
-        waiting = not await model_has_worker(client, settings, p.model, task=task)
-    queue = settings.gpu_task_queue(p.model, task)
+        endpoint = spec.remote_endpoint if spec is not None else None
+        waiting = not await model_has_worker(
+            client, settings, p.model, task=task, endpoint=endpoint
+        )
+    queue = settings.gpu_task_queue(p.model, task, endpoint=endpoint)
     # Zero workers is a normal state (scaled to zero): say how long and how much waits.
     backlog = await describe_queue(client, queue) if waiting else None
     if as_json:
@@ -210,6 +248,12 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     )
     out.print(f"  tokens: {p.tokens.prompt} prompt, {p.tokens.completion} completion")
     out.print(f"  results: {usage_line(p.usage)}")
+    from llmbatch.remote.status import job_lines
+
+    for line in await job_lines(
+        settings.postgres_dsn.get_secret_value(), job_id, items_done=p.items_done
+    ):
+        out.print(f"  {escape(line)}", highlight=False)
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
     out.print(f"  web ui: {job_url(settings, job_id)}")
 

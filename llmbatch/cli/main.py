@@ -15,6 +15,7 @@ from llmbatch.cli import (
     dev,
     dlq,
     docs,
+    endpoints,
     jobs,
     migrate,
     queues,
@@ -51,9 +52,12 @@ app = _App(
 app.add_typer(
     dev.app, name="dev", help="The embedded stack: Temporal, Postgres, S3 on this machine."
 )
-app.add_typer(worker.app, name="worker", help="Run a CPU or GPU worker.")
+app.add_typer(worker.app, name="worker", help="Run a CPU, GPU or remote worker.")
 app.add_typer(schedules.app, name="schedule", help="Recurring jobs on Temporal Schedules.")
 app.add_typer(dlq.app, name="dlq", help="A job's dead items: list them, re-drive them.")
+app.add_typer(
+    endpoints.app, name="endpoint", help="Remote OpenAI-compatible endpoints and their limits."
+)
 app.add_typer(cache.app, name="cache", help="The result cache across jobs: stats, purge.")
 app.command("migrate")(migrate.migrate_command)
 app.command("demo")(demo.demo)

@@ -46,6 +46,20 @@ class JobOptions:
         ),
     ]
     model: Annotated[str, typer.Option(help="Hugging Face model id or local path.")]
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on this remote endpoint (llm-batch endpoint add); --model is then the "
+            "name the endpoint serves it under."
+        ),
+    ] = None
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            help="With --endpoint: pause the job when its cost at the endpoint's prices "
+            "reaches this many USD."
+        ),
+    ] = None
     output: Annotated[
         str | None,
         typer.Option(
@@ -175,6 +189,8 @@ class JobOptions:
             ("priority", self.priority),
             ("tenant", self.tenant),
             ("tenant_weight", self.tenant_weight),
+            ("remote_endpoint", self.endpoint),
+            ("max_cost_usd", self.max_cost),
         ]
         for key, value in options:
             if value is not None:

@@ -1,4 +1,4 @@
-"""``llm-batch worker cpu|gpu``.
+"""``llm-batch worker cpu|gpu|remote``.
 
 The GPU worker's engine options are vLLM's own: every argument of vLLM's engine CLI
 (``AsyncEngineArgs.add_cli_args``, as ``vllm serve`` and ``run_batch`` take them) is
@@ -145,4 +145,53 @@ def gpu(
             task=task,
         )
     except (StartupCheckFailed, ConnectionLost, EngineMemoryError) as exc:
+        raise fail(str(exc)) from None
+
+
+@app.command("remote")
+def remote(
+    endpoint: Annotated[str, typer.Option(help="The endpoint (llm-batch endpoint add) to call.")],
+    model: Annotated[
+        list[str] | None,
+        typer.Option(help="A model to serve; repeat. Default: every model the endpoint lists."),
+    ] = None,
+    task: Annotated[Task, typer.Option(help="generate, or embed (/v1/embeddings).")] = (
+        Task.GENERATE
+    ),
+    concurrent_shards: Annotated[
+        int, typer.Option(help="generate activities run at once per model.")
+    ] = 8,
+    max_in_flight: Annotated[
+        int | None,
+        typer.Option(help="Requests in flight per activity; default the endpoint's concurrency."),
+    ] = None,
+) -> None:
+    """Serve jobs on a remote OpenAI-compatible endpoint, inside its rate limits.
+
+    The API key is read from the environment variable (or file) the endpoint names.
+    """
+    from llmbatch.engine.errors import EndpointRefusedError
+    from llmbatch.remote.endpoints import EndpointError
+    from workers import remote as remote_worker
+    from workers.preflight import StartupCheckFailed, check_now
+    from workers.shutdown import ConnectionLost
+
+    settings = Settings()
+    try:
+        check_now(settings)
+        remote_worker.main(
+            settings,
+            endpoint_name=endpoint,
+            models=model or [],
+            task=task,
+            max_concurrent_activities=concurrent_shards,
+            max_in_flight=max_in_flight,
+        )
+    except (
+        StartupCheckFailed,
+        ConnectionLost,
+        EndpointError,
+        EndpointRefusedError,
+        remote_worker.RemoteWorkerError,
+    ) as exc:
         raise fail(str(exc)) from None

@@ -181,6 +181,7 @@ async def model_has_worker(
     *,
     task: Task = Task.GENERATE,
     rpc_timeout: timedelta | None = None,
+    endpoint: str | None = None,
 ) -> bool:
     """Whether a GPU worker polls ``model``'s queue for ``task`` (Temporal's
     DescribeTaskQueue).
@@ -189,7 +190,7 @@ async def model_has_worker(
     just stopped still counts: this answers "is anyone serving it", not "is it alive".
     """
     return await queue_has_pollers(
-        client, settings.gpu_task_queue(model, task), rpc_timeout=rpc_timeout
+        client, settings.gpu_task_queue(model, task, endpoint=endpoint), rpc_timeout=rpc_timeout
     )
 
 

@@ -163,4 +163,11 @@ FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
         "Nothing to do. Many of them: give workers a longer `--drain-timeout` (and the pod "
         "a longer grace period), or fewer preemptions.",
     ),
+    FailureType.ENDPOINT_REFUSED: Explanation(
+        "A remote endpoint refused the job's requests: its API key (401/403), or a model "
+        "it does not serve. The job is paused with that reason in `status`; its items "
+        "stay pending, none dies.",
+        "Fix the key in the remote workers' environment (the variable the endpoint "
+        "names) or the job's model, then `llm-batch resume JOB_ID`.",
+    ),
 }

@@ -29,6 +29,9 @@ from llmbatch.contract.priority import (
 # its workflow id. No "/" (shard workflows are "<job>/shard-<n>"), no spaces.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
+# Endpoint names (llm-batch endpoint add): readable in task queue names, no "/".
+ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
 # The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
 # validation (run in workflows, which may not import I/O code) needs them too;
 # format detection imports them from here, so the two never disagree.
@@ -270,6 +273,19 @@ class JobSpec(_Strict):
         min_length=1,
         description="Hugging Face model id or local path; only workers that loaded exactly "
         "this model run the job.",
+    )
+    remote_endpoint: str | None = Field(
+        default=None,
+        pattern=ENDPOINT_NAME_PATTERN,
+        description="Run on a remote OpenAI-compatible endpoint declared with "
+        "'llm-batch endpoint add' (served by 'llm-batch worker remote --endpoint NAME'); "
+        "unset: on GPU workers that load the model.",
+    )
+    max_cost_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="Remote endpoints: pause the job (never fail it) when what its requests "
+        "cost at the endpoint's prices reaches this many USD; resume goes on past it.",
     )
     sampling: SamplingSpec = Field(
         default_factory=SamplingSpec, description="Sampling and structured output."

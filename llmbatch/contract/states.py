@@ -134,3 +134,6 @@ class FailureType(enum.StrEnum):
     BATCH_NOT_RECORDED = "BatchNotRecorded"
     # A worker stopped (SIGTERM) and gave the rest of its shard back: retried elsewhere.
     WORKER_DRAINED = "WorkerDrained"
+    # A remote endpoint refused the job's requests (a wrong API key, a model it does
+    # not serve): the job is paused, its items pending, the attempt retried.
+    ENDPOINT_REFUSED = "EndpointRefused"

@@ -4,3 +4,10 @@ without importing one another."""
 
 class EngineArgumentError(ValueError):
     """An engine argument vLLM does not declare, or a value it refuses; one line."""
+
+
+class EndpointRefusedError(RuntimeError):
+    """A remote endpoint cannot serve any request of the job as configured: it refused
+    the API key (401/403), or does not serve the model. Not an item's fault and not
+    transient: the generate activity pauses the job (its items stay pending) until it
+    is fixed. ``str()`` is one line for the user, without the key."""

@@ -1,7 +1,8 @@
 """The ledger: everything llm-batch keeps in Postgres about jobs and their items.
 
-Owns the SQL of the tables of ``migrations/`` but dedup leads (``llmbatch.dedup.leads``)
-and the result cache (``llmbatch.dedup.result_cache``): ``db`` (pool, transaction),
+Owns the SQL of the tables of ``migrations/`` but dedup leads (``llmbatch.dedup.leads``),
+the result cache (``llmbatch.dedup.result_cache``) and remote endpoints' registry,
+budgets and figures (``llmbatch.remote``): ``db`` (pool, transaction),
 ``items`` (register, claim, record, release: the item state machine of
 :data:`llmbatch.contract.states.ITEM_TRANSITIONS`), ``jobs`` (a job's row, plan and
 counts), ``dead_letters`` (dead items and the re-drive), ``usage`` (engine time and

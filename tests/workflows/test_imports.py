@@ -71,6 +71,12 @@ ALLOWED: dict[str, set[str]] = {
         "llmbatch.ledger.items",
         "llmbatch.rendering.templates",
     },
+    "llmbatch.remote": {
+        "llmbatch.contract",
+        "llmbatch.engine",
+        "llmbatch.ledger.db",
+        "llmbatch.telemetry",
+    },
     "llmbatch.client": {
         "llmbatch.config",
         "llmbatch.contract",

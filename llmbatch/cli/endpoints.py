@@ -1,0 +1,203 @@
+"""``llm-batch endpoint add|list|show|update|remove``: remote endpoints, in Postgres.
+
+The API key is never given here: ``--api-key-env`` names the environment variable
+(``--api-key-file`` the file) that ``llm-batch worker remote`` reads it from.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from llmbatch.cli.cache import _with_pool
+from llmbatch.cli.common import CliError, emit_json, out, run
+from llmbatch.config import Settings
+
+app = typer.Typer(no_args_is_help=True)
+
+_BaseUrl = Annotated[str, typer.Option(help="The API's base URL, e.g. http://host:8000/v1.")]
+_KeyEnv = Annotated[
+    str | None, typer.Option(help="Name of the environment variable holding the API key.")
+]
+_KeyFile = Annotated[str | None, typer.Option(help="A file holding the API key (instead).")]
+_Rpm = Annotated[int | None, typer.Option(help="Requests per minute, for all workers together.")]
+_Tpm = Annotated[int | None, typer.Option(help="Tokens per minute, for all workers together.")]
+_Conc = Annotated[int | None, typer.Option(help="Requests in flight per worker (default 64).")]
+_InPrice = Annotated[float | None, typer.Option(help="USD per 1M prompt tokens.")]
+_OutPrice = Annotated[float | None, typer.Option(help="USD per 1M completion tokens.")]
+_Timeout = Annotated[float | None, typer.Option(help="Seconds one request may take (600).")]
+
+
+def _options(**given: Any) -> dict[str, Any]:
+    names = {"timeout": "timeout_s"}
+    return {names.get(k, k): v for k, v in given.items() if v is not None}
+
+
+def _invalid(exc: ValidationError) -> CliError:
+    problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return CliError(f"invalid endpoint: {problems}")
+
+
+@app.command("add")
+def add(
+    name: Annotated[str, typer.Argument()],
+    base_url: _BaseUrl,
+    api_key_env: _KeyEnv = None,
+    api_key_file: _KeyFile = None,
+    rpm: _Rpm = None,
+    tpm: _Tpm = None,
+    max_concurrency: _Conc = None,
+    input_price: _InPrice = None,
+    output_price: _OutPrice = None,
+    timeout: _Timeout = None,
+) -> None:
+    """Declare an OpenAI-compatible endpoint (a vLLM/SGLang/TGI server, a gateway, an API)."""
+    from llmbatch.remote.endpoints import EndpointConfig, EndpointError, add_endpoint
+
+    try:
+        config = EndpointConfig(
+            name=name,
+            base_url=base_url,
+            **_options(
+                api_key_env=api_key_env,
+                api_key_file=api_key_file,
+                rpm=rpm,
+                tpm=tpm,
+                max_concurrency=max_concurrency,
+                input_price=input_price,
+                output_price=output_price,
+                timeout=timeout,
+            ),
+        )
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+    async def use(pool: Any) -> Any:
+        try:
+            return await add_endpoint(pool, config)
+        except EndpointError as exc:
+            raise CliError(str(exc)) from None
+
+    endpoint = run(_with_pool(Settings(), use))
+    out.print(f"endpoint [bold]{endpoint.name}[/bold] added: {_line(endpoint)}", highlight=False)
+
+
+@app.command("update")
+def update(
+    name: Annotated[str, typer.Argument()],
+    base_url: Annotated[str | None, typer.Option(help="The API's base URL.")] = None,
+    api_key_env: _KeyEnv = None,
+    api_key_file: _KeyFile = None,
+    rpm: _Rpm = None,
+    tpm: _Tpm = None,
+    max_concurrency: _Conc = None,
+    input_price: _InPrice = None,
+    output_price: _OutPrice = None,
+    timeout: _Timeout = None,
+) -> None:
+    """Change some of an endpoint's options (new limits reach running workers' leases)."""
+    from llmbatch.remote.endpoints import EndpointError, update_endpoint
+
+    changes = _options(
+        base_url=base_url,
+        api_key_env=api_key_env,
+        api_key_file=api_key_file,
+        rpm=rpm,
+        tpm=tpm,
+        max_concurrency=max_concurrency,
+        input_price=input_price,
+        output_price=output_price,
+        timeout=timeout,
+    )
+
+    async def use(pool: Any) -> Any:
+        try:
+            return await update_endpoint(pool, name, changes)
+        except EndpointError as exc:
+            raise CliError(str(exc)) from None
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+
+    endpoint = run(_with_pool(Settings(), use))
+    out.print(f"endpoint [bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
+
+
+@app.command("list")
+def list_(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Every endpoint, with its limits and prices."""
+    from llmbatch.remote.endpoints import list_endpoints
+
+    endpoints = run(_with_pool(Settings(), list_endpoints))
+    if as_json:
+        emit_json([e.model_dump(mode="json") for e in endpoints])
+        return
+    if not endpoints:
+        out.print("no endpoints (declare one with llm-batch endpoint add)")
+    for endpoint in endpoints:
+        out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
+
+
+@app.command("show")
+def show(
+    name: Annotated[str, typer.Argument()],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """One endpoint, and its shared send rate and counters now."""
+    from llmbatch.remote.endpoints import EndpointError, get_endpoint
+    from llmbatch.remote.status import endpoint_state
+
+    async def use(pool: Any) -> Any:
+        try:
+            return await get_endpoint(pool, name), await endpoint_state(pool, name)
+        except EndpointError as exc:
+            raise CliError(str(exc)) from None
+
+    endpoint, state = run(_with_pool(Settings(), use))
+    if as_json:
+        emit_json({**endpoint.model_dump(mode="json"), **state.as_dict()})
+        return
+    out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
+    out.print(f"  {state.line()}", highlight=False)
+
+
+@app.command("remove")
+def remove(name: Annotated[str, typer.Argument()]) -> None:
+    """Forget an endpoint (its jobs' figures stay)."""
+    from llmbatch.remote.endpoints import EndpointError, remove_endpoint
+
+    async def use(pool: Any) -> None:
+        try:
+            await remove_endpoint(pool, name)
+        except EndpointError as exc:
+            raise CliError(str(exc)) from None
+
+    run(_with_pool(Settings(), use))
+    out.print(f"endpoint [bold]{name}[/bold] removed")
+
+
+def _line(endpoint: Any) -> str:
+    limits = ", ".join(
+        f"{label} {value}"
+        for label, value in (
+            ("rpm", endpoint.rpm),
+            ("tpm", endpoint.tpm),
+            ("concurrency", endpoint.max_concurrency),
+            ("timeout", f"{endpoint.timeout_s:g}s"),
+        )
+        if value is not None
+    )
+    key = (
+        f"key from ${endpoint.api_key_env}"
+        if endpoint.api_key_env
+        else f"key from file {endpoint.api_key_file}"
+        if endpoint.api_key_file
+        else "no key"
+    )
+    prices = (
+        f", ${endpoint.input_price or 0:g}/${endpoint.output_price or 0:g} per 1M in/out"
+        if endpoint.input_price is not None or endpoint.output_price is not None
+        else ""
+    )
+    return f"{endpoint.base_url} ({key}; {limits}{prices})"

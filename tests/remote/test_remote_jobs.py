@@ -1,0 +1,218 @@
+"""Jobs on a real OpenAI-compatible server (vLLM's own) behind a real gateway (nginx),
+run by ``llm-batch worker remote`` processes: every item exactly once in the output,
+refused rows dead-lettered, a revoked key pausing the job, and the API key nowhere."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+import pytest
+from temporalio.client import Client
+
+from llmbatch.client.temporal import start_job
+from llmbatch.config import Settings
+from llmbatch.contract.names import RESUME_UPDATE
+from llmbatch.remote.usage import job_usage
+from tests.fixtures.openai_server import (
+    CANARY_KEY,
+    Gateway,
+    OpenAIServer,
+)
+from tests.fixtures.worker_processes import job_result
+from tests.remote.conftest import (
+    add_endpoint,
+    cli,
+    job,
+    output_ids,
+    remote_workers,
+    until_paused,
+)
+
+# A text far past the tiny model's 512-token context: the server refuses it (400).
+TOO_LONG = "word " * 700
+
+
+async def _until(done: Callable[[], bool], *, within_s: float = 120) -> None:
+    for _ in range(int(within_s / 0.2)):
+        if done():
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError("not reached in time")
+
+
+async def _canary_in_ledger(pool: asyncpg.Pool) -> list[str]:
+    """Every table of the ledger whose rows, as text, hold the canary key."""
+    tables = await pool.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    found = []
+    for t in tables:
+        name = t["tablename"]
+        hit = await pool.fetchval(
+            f'SELECT count(*) FROM "{name}" x WHERE x::text LIKE $1',
+            f"%{CANARY_KEY}%",
+        )
+        if hit:
+            found.append(name)
+    return found
+
+
+async def _canary_in_history(client: Client, workflow_ids: list[str]) -> list[str]:
+    found = []
+    for wid in workflow_ids:
+        history = await client.get_workflow_handle(wid).fetch_history()
+        if CANARY_KEY in history.to_json():
+            found.append(wid)
+    return found
+
+
+async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    settings = cpu_only
+    endpoint = add_endpoint(
+        settings, gateway.base_url, "--rpm", "6000", "--input-price", "1.5",
+        "--output-price", "2",
+    )  # fmt: skip
+    rows = [
+        {"id": f"r{i}", "text": TOO_LONG if i % 20 == 7 else f"Say something about {i}."}
+        for i in range(60)
+    ]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
+    spec = spec.model_copy(update={"id_field": "id"})
+    log = tmp_path / "remote.log"
+    async with remote_workers(
+        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=[log]
+    ):
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        summary = await asyncio.wait_for(job_result(handle), 300)
+    # After a clean stop, which records the worker's last counts.
+    status = cli(settings, "status", spec.job_id)
+    shown = cli(settings, "endpoint", "show", endpoint)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (60, 57, 3)
+    ids = output_ids(tmp_path, spec.job_id)
+    assert sorted(ids) == sorted(r["id"] for r in rows)
+    dead = await pool.fetch(
+        "SELECT item_id, error_class, error_message FROM items "
+        "WHERE job_id = $1 AND status = 'dead' ORDER BY item_id",
+        spec.job_id,
+    )
+    assert [d["item_id"] for d in dead] == ["r27", "r47", "r7"]
+    assert {d["error_class"] for d in dead} == {"PromptTooLong"}
+    assert all("maximum context length" in d["error_message"] for d in dead)
+    assert all(len(d["error_message"]) <= 320 for d in dead)  # cut short, never a row
+    # Each item reached the endpoint once: no failures, nothing to send again.
+    sent = gateway.requests("/chat/completions")
+    assert len(sent) == 60 and {s for _, s in sent} == {200, 400}
+    usage = await job_usage(pool, job_id=spec.job_id)
+    assert len(usage) == 1 and usage[0].requests == 60 and usage[0].throttled == 0
+    assert usage[0].prompt_tokens > 0 and usage[0].completion_tokens == 57 * 8
+    expected = (usage[0].prompt_tokens * 1.5 + usage[0].completion_tokens * 2) / 1e6
+    assert usage[0].cost_usd == pytest.approx(expected)
+    assert shown.returncode == 0 and "60 requests sent" in shown.stdout, shown.stdout
+    assert status.returncode == 0 and "endpoint" in status.stdout, status.stdout
+    # The key: in no log, ledger row, history or output.
+    assert CANARY_KEY not in log.read_text()
+    assert CANARY_KEY not in status.stdout + shown.stdout
+    assert await _canary_in_ledger(pool) == []
+    shard_ids = [f"{spec.job_id}/shard-{n:05d}" for n in range(3)]
+    assert await _canary_in_history(temporal_client, [spec.job_id, *shard_ids]) == []
+    for part in (tmp_path / "out").rglob("*"):
+        if part.is_file():
+            assert CANARY_KEY not in part.read_text(errors="replace")
+
+
+async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    settings = cpu_only
+    endpoint = add_endpoint(settings, gateway.base_url, "--rpm", "600", "--max-concurrency", "4")
+    rows = [{"text": f"Count to {i}."} for i in range(150)]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=50)
+    logs = [tmp_path / "remote.log"]
+    async with remote_workers(
+        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
+    ):
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        await _until(lambda: len(gateway.requests("/chat/completions")) >= 20)
+        gateway.reload(key="sk-the-key-was-rotated")  # the worker's key is refused now
+        revoked_at = time.monotonic()
+        progress = await until_paused(handle, within_s=30)
+        paused_after = time.monotonic() - revoked_at
+        assert progress.paused, "the job was not paused within 30 s of the key's revocation"
+        # In a thread: this process's CPU worker answers the status query meanwhile.
+        status = await asyncio.to_thread(cli, settings, "status", spec.job_id)
+        await asyncio.sleep(3)  # nothing more is sent while paused
+        refused = [s for _, s in gateway.requests("/chat/completions") if s == 401]
+        counts = await pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE status = 'dead') AS dead, "
+            "count(*) FILTER (WHERE status = 'succeeded') AS ok FROM items WHERE job_id = $1",
+            spec.job_id,
+        )
+        gateway.reload(key=CANARY_KEY)  # fixed
+        await handle.execute_update(RESUME_UPDATE)
+        summary = await asyncio.wait_for(job_result(handle), 300)
+    assert paused_after < 15
+    assert counts["dead"] == 0 and counts["ok"] < 150
+    # Only what was in flight when the key was refused (4 per worker) got 401s.
+    assert 0 < len(refused) <= 4 * 3
+    lines = [line for line in status.stdout.splitlines() if "HTTP 401" in line]
+    assert len(lines) == 1 and "resume" in lines[0], status.stdout + status.stderr
+    assert (summary.items_succeeded, summary.items_dead) == (150, 0)
+    ids = output_ids(tmp_path, spec.job_id)
+    assert len(ids) == 150 and len(set(ids)) == 150
+
+
+async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    settings = cpu_only
+    # 8 completion tokens at $2,000 per million: $0.016 an item, 5 items a second.
+    endpoint = add_endpoint(
+        settings, gateway.base_url, "--output-price", "2000", "--max-concurrency", "2",
+        "--rpm", "300",
+    )  # fmt: skip
+    rows = [{"text": f"Name {i}."} for i in range(80)]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
+    spec = spec.model_copy(update={"max_cost_usd": 0.3})
+    logs = [tmp_path / "remote.log"]
+    async with remote_workers(
+        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
+    ):
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        progress = await until_paused(handle, within_s=120)
+        assert progress.paused, "the job was not paused at its cost cap"
+        # In a thread: this process's CPU worker answers the status query meanwhile.
+        status = await asyncio.to_thread(cli, settings, "status", spec.job_id)
+        spent = await pool.fetchval(
+            "SELECT cost_usd FROM endpoint_usage WHERE job_id = $1", spec.job_id
+        )
+        await handle.execute_update(RESUME_UPDATE)
+        summary = await asyncio.wait_for(job_result(handle), 300)
+    lines = [line for line in status.stdout.splitlines() if "cost cap reached" in line]
+    assert len(lines) == 1 and f"llm-batch resume {spec.job_id}" in lines[0], (
+        status.stdout + status.stderr
+    )
+    # Costs are added up once a second and running shards read the paused flag every
+    # 2 s: the job passes its cap by at most ~3 s of sending ($0.08 a second here).
+    assert 0.3 <= spent < 0.3 + 0.4
+    assert (summary.items_succeeded, summary.items_dead) == (80, 0)
+    assert len(set(output_ids(tmp_path, spec.job_id))) == 80

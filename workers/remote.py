@@ -1,0 +1,168 @@
+"""The remote worker: the ``generate`` activity loop on a remote endpoint.
+
+``llm-batch worker remote --endpoint NAME`` serves, for each model the endpoint
+serves (its ``GET /v1/models``, or the ``--model`` given), the task queue named for
+the endpoint, task and model; each runs the same ``generate`` activity as a GPU
+worker, driving a :class:`~llmbatch.remote.engine.RemoteEngine` instead of vLLM.
+No model is loaded here: the process needs only the network and the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import sys
+from collections.abc import Sequence
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.context import ActivityContext
+from activities.generate import GenerateActivities
+from llmbatch import ledger, telemetry
+from llmbatch.config import Settings
+from llmbatch.contract.spec import Task
+from llmbatch.ledger.db import Database
+from llmbatch.ledger.served_models import advertised
+from llmbatch.remote.endpoints import Endpoint, get_endpoint
+from llmbatch.remote.engine import RemoteEngine
+from llmbatch.remote.http import Transport, Verdict
+from llmbatch.remote.pause import pause_workflow
+from workers.preflight import check_services
+from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONCURRENT_ACTIVITIES = 8
+
+
+class RemoteWorkerError(RuntimeError):
+    """The remote worker cannot start; one line."""
+
+
+async def endpoint_models(endpoint: Endpoint) -> list[str]:
+    """The models the endpoint serves (``GET /v1/models``)."""
+    transport = Transport(
+        endpoint.base_url,
+        api_key=endpoint.api_key(),
+        timeout_s=min(endpoint.timeout_s, 30.0),
+        max_connections=1,
+    )
+    try:
+        answer = await transport.get("/models")
+    finally:
+        await transport.close()
+    if answer.verdict is not Verdict.OK or not isinstance(answer.body, dict):
+        raise RemoteWorkerError(
+            f"endpoint {endpoint.name}: cannot list its models ({answer.message}); "
+            "name them with --model"
+        )
+    return [str(m["id"]) for m in answer.body.get("data") or [] if isinstance(m, dict)]
+
+
+def build_remote_worker(
+    client: Client,
+    ctx: ActivityContext,
+    engine: RemoteEngine,
+    *,
+    task: Task,
+    max_concurrent_activities: int,
+    max_in_flight: int | None,
+) -> Worker:
+    generate = GenerateActivities(
+        ctx,
+        engine,
+        max_in_flight=max_in_flight or engine.default_max_in_flight,
+        task=task,
+    )
+    return Worker(
+        client,
+        task_queue=ctx.settings.gpu_task_queue(engine.model, task, endpoint=engine.endpoint.name),
+        activities=[generate.generate],
+        max_concurrent_activities=max_concurrent_activities,
+        interceptors=telemetry.worker_interceptors(client),
+    )
+
+
+async def run_remote_worker(
+    settings: Settings,
+    *,
+    endpoint_name: str,
+    models: Sequence[str] = (),
+    task: Task = Task.GENERATE,
+    max_concurrent_activities: int = DEFAULT_CONCURRENT_ACTIVITIES,
+    max_in_flight: int | None = None,
+) -> int:
+    """Serve until SIGINT/SIGTERM (exit code 0)."""
+    telemetry.install(component="remote-worker")
+    client = await check_services(settings)
+    name = f"remote worker ({endpoint_name})"
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
+    engines: list[RemoteEngine] = []
+    try:
+        endpoint = await get_endpoint(pool, endpoint_name)
+        served = list(models) or await endpoint_models(endpoint)
+        if not served:
+            raise RemoteWorkerError(
+                f"endpoint {endpoint_name} lists no model; name one with --model"
+            )
+        ctx = ActivityContext(settings=settings, pool=pool)
+        workers: list[Worker] = []
+        for model in served:
+            engine = await RemoteEngine.start(
+                endpoint,
+                model,
+                pool=pool,
+                on_capped=functools.partial(_pause_capped, client),
+            )
+            engines.append(engine)
+            workers.append(
+                build_remote_worker(
+                    client,
+                    ctx,
+                    engine,
+                    task=task,
+                    max_concurrent_activities=max_concurrent_activities,
+                    max_in_flight=max_in_flight,
+                )
+            )
+        queues = [w.task_queue for w in workers]
+        async with contextlib.AsyncExitStack() as stack:
+            for worker, model in zip(workers[1:], served[1:], strict=True):
+                await stack.enter_async_context(worker)
+                await stack.enter_async_context(_advertised(pool, worker, model, task))
+            await stack.enter_async_context(_advertised(pool, workers[0], served[0], task))
+            await serve(
+                workers[0],
+                name=name,
+                ready=f"{name} ({task}) for {', '.join(served)} at {endpoint.base_url} "
+                f"polling {', '.join(queues)} on {client.service_client.config.target_host}",
+            )
+    except CONNECTION_ERRORS as exc:
+        raise connection_lost(name, exc) from exc
+    finally:
+        for engine in engines:
+            with contextlib.suppress(Exception):
+                await engine.close()
+        await pool.close()
+    return 0
+
+
+async def _pause_capped(client: Client, job_id: str) -> None:
+    await pause_workflow(client, job_id=job_id)
+
+
+def _advertised(
+    pool: Database, worker: Worker, model: str, task: Task
+) -> contextlib.AbstractAsyncContextManager[None]:
+    # So `GET /v1/models` of llm-batch's API lists what endpoints serve too.
+    return advertised(
+        pool, task_queue=worker.task_queue, model=model, task=task, identity=worker.client.identity
+    )
+
+
+def main(settings: Settings, **kwargs: object) -> None:
+    code = asyncio.run(run_remote_worker(settings, **kwargs))  # type: ignore[arg-type]
+    sys.exit(code)
