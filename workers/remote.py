@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.context import ActivityContext
+from activities.drain import Drain
 from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.config import Settings
@@ -70,18 +71,24 @@ def build_remote_worker(
     task: Task,
     max_concurrent_activities: int,
     max_in_flight: int | None,
+    drain: Drain,
 ) -> Worker:
+    """A worker on the endpoint's queue for ``engine``'s model; on a stop signal its
+    activities drain as a GPU worker's do (requests in flight answered and recorded
+    within ``drain``'s timeout, the rest given back)."""
     generate = GenerateActivities(
         ctx,
         engine,
         max_in_flight=max_in_flight or engine.default_max_in_flight,
         task=task,
+        drain=drain,
     )
     return Worker(
         client,
         task_queue=ctx.settings.gpu_task_queue(engine.model, task, endpoint=engine.endpoint.name),
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
+        graceful_shutdown_timeout=drain.timeout,
         interceptors=telemetry.worker_interceptors(client),
     )
 
@@ -109,6 +116,8 @@ async def run_remote_worker(
                 f"endpoint {endpoint_name} lists no model; name one with --model"
             )
         ctx = ActivityContext(settings=settings, pool=pool)
+        # One drain for every model's worker: a stop signal starts it for all.
+        drain = Drain(timeout=settings.drain_timeout)
         workers: list[Worker] = []
         for model in served:
             engine = await RemoteEngine.start(
@@ -126,6 +135,7 @@ async def run_remote_worker(
                     task=task,
                     max_concurrent_activities=max_concurrent_activities,
                     max_in_flight=max_in_flight,
+                    drain=drain,
                 )
             )
         queues = [w.task_queue for w in workers]
@@ -139,6 +149,7 @@ async def run_remote_worker(
                 name=name,
                 ready=f"{name} ({task}) for {', '.join(served)} at {endpoint.base_url} "
                 f"polling {', '.join(queues)} on {client.service_client.config.target_host}",
+                drain=drain,
             )
     except CONNECTION_ERRORS as exc:
         raise connection_lost(name, exc) from exc

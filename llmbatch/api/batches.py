@@ -35,7 +35,7 @@ from llmbatch.contract.messages import ApiBatchRecordInput
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, FailureType
 from llmbatch.formats import openai_batch
-from llmbatch.ledger import api_layout, api_records
+from llmbatch.ledger import api_layout, api_records, served_models
 from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
 
 log = logging.getLogger(__name__)
@@ -223,16 +223,20 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="input_file_id",
             code="missing_model",
         )
+    # A model some worker served before is declared: with its workers scaled to zero
+    # the batch waits for one. Only a model no worker ever served is refused.
     if not await model_has_worker(
         svc.temporal,
         settings,
         model,
         task=body.endpoint.task,
         rpc_timeout=timedelta(seconds=BACKEND_TIMEOUT_S),
+    ) and not await served_models.was_served(
+        svc.pool, task_queue=settings.gpu_task_queue(model, body.endpoint.task)
     ):
         raise ApiError(
             400,
-            f"No worker serves model {model!r}: start a GPU worker for it "
+            f"No worker serves model {model!r}, nor ever did: start a GPU worker for it "
             f"(llm-batch worker gpu --model ... --task {body.endpoint.task}) or name one "
             "that GET /v1/models lists.",
             param="model",

@@ -165,6 +165,7 @@ def remote(
         int | None,
         typer.Option(help="Requests in flight per activity; default the endpoint's concurrency."),
     ] = None,
+    drain_timeout: DrainTimeout = None,
 ) -> None:
     """Serve jobs on a remote OpenAI-compatible endpoint, inside its rate limits.
 
@@ -176,7 +177,7 @@ def remote(
     from workers.preflight import StartupCheckFailed, check_now
     from workers.shutdown import ConnectionLost
 
-    settings = Settings()
+    settings = _settings(drain_timeout)
     try:
         check_now(settings)
         remote_worker.main(

@@ -60,6 +60,12 @@ async def served_models(db: Database) -> list[ServedModel]:
     return [ServedModel(**dict(r)) for r in rows]
 
 
+async def was_served(db: Database, *, task_queue: str) -> bool:
+    """Whether a worker has ever served ``task_queue``: its model is declared, and work
+    for it waits for a worker (scaled to zero) instead of being refused."""
+    return bool(await db.fetchval("SELECT 1 FROM served_models WHERE task_queue = $1", task_queue))
+
+
 @contextlib.asynccontextmanager
 async def advertised(
     db: Database, *, task_queue: str, model: str, task: str, identity: str

@@ -202,3 +202,53 @@ async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(
         "SELECT retries FROM endpoint_usage WHERE job_id = $1", spec.job_id
     )
     assert retried > 0
+
+
+@pytest.mark.slow
+async def test_sigterm_drains_a_remote_worker_and_charges_no_item_an_attempt(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    """A remote worker told to stop (a spot notice, a scale-down) lets its requests in
+    flight come back and records them, gives the rest back and exits 0 within its
+    drain timeout; a second worker finishes the job. Unlike a SIGKILL, nothing is sent
+    twice and no item is charged an attempt."""
+    settings = cpu_only
+    endpoint = add_endpoint(settings, gateway.base_url, "--max-concurrency", "8")
+    rows = [{"text": f"Tell me about {i}."} for i in range(300)]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=100,
+               max_tokens=16, prefix="drain")  # fmt: skip
+    queue = settings.gpu_task_queue(spec.model, endpoint=endpoint)
+    env = {KEY_ENV: CANARY_KEY}
+    first = remote_worker_process(
+        settings, endpoint, tmp_path / "remote-1.log", "--drain-timeout", "20", env=env
+    )
+    second = None
+    try:
+        await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=180)
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        await until_done(pool, spec.job_id, 60, in_flight=True)
+        first.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = await asyncio.to_thread(first.wait, 60)
+        stopped_after = time.monotonic() - signalled
+        second = remote_worker_process(settings, endpoint, tmp_path / "remote-2.log", env=env)
+        summary = await asyncio.wait_for(job_result(handle), 600)
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                stop_worker(proc)
+    assert code == 0, first.exit_message()
+    assert stopped_after < 20 + 15  # the drain, then the process's own exit
+    assert (summary.items_succeeded, summary.items_dead) == (300, 0)
+    ids = output_ids(tmp_path, spec.job_id)
+    assert len(ids) == 300 and len(set(ids)) == 300
+    attempts = await pool.fetch("SELECT attempt FROM items WHERE job_id = $1", spec.job_id)
+    assert {r["attempt"] for r in attempts} == {1}
+    answered = [t for t, s in gateway.requests("/chat/completions") if s == 200]
+    assert len(answered) == 300, len(answered)
+    print(f"SIGTERM mid-job: worker stopped in {stopped_after:.1f} s, {len(answered)} requests")

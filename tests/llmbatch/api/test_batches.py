@@ -3,11 +3,15 @@ created batch looks like through the official client."""
 
 from __future__ import annotations
 
+import uuid
+
 import asyncpg
 import openai
 import pytest
 
-from llmbatch.ledger import api_layout
+from llmbatch.config import Settings
+from llmbatch.contract.spec import Task
+from llmbatch.ledger import api_layout, served_models
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.llmbatch.api.helpers import assert_openai_error, batch_file, record_unstarted_batch
 
@@ -28,6 +32,29 @@ async def test_a_batch_for_a_model_no_worker_serves_is_refused(
     error = assert_openai_error(caught.value, status=400, code="model_not_found", param="model")
     assert "no/such-model" in error["message"]
     assert (await client.batches.list()).data == []
+
+
+async def test_a_batch_for_a_model_served_before_is_accepted_and_waits(
+    workers: Settings, api_server: ApiServer, api_keys: Keys, api_pool: asyncpg.Pool
+) -> None:
+    """Workers scaled to zero: a model some worker served before (its queue recorded in
+    served_models) is declared, so its batch is accepted and waits for a worker."""
+    model = f"scaled-to-zero/{uuid.uuid4().hex[:8]}"
+    queue = api_server.settings.gpu_task_queue(model, Task.GENERATE)
+    await served_models.record_served_model(
+        api_pool, task_queue=queue, model=model, task=Task.GENERATE, identity="1@gone"
+    )
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
+    )
+    f = await client.files.create(file=("in.jsonl", batch_file(model, 2)), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status in {"validating", "in_progress"}
+    assert (await client.batches.retrieve(batch.id)).request_counts.completed == 0
+    cancelled = await client.batches.cancel(batch.id)
+    assert cancelled.status in {"cancelling", "cancelled"}
 
 
 async def test_bad_parameters_answer_400_in_openais_shape(
