@@ -39,5 +39,7 @@ async def export_gauges(
         try:
             gauges.record(await read_queues(client, db, settings))
         except Exception as exc:  # a metric gap, never a worker failure
-            log.warning("queue gauges not refreshed: %s", exc)
+            # Info, not a warning: with Temporal or Postgres away the worker itself says
+            # so in one line; a gauge that keeps its last value for a round is no news.
+            log.info("queue gauges not refreshed: %s", exc)
         await asyncio.sleep(max(every_s - (time.monotonic() - started), 1.0))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
 
@@ -27,17 +28,15 @@ from llmbatch.devstack.demo import settings_env, wait_for_pollers
 from llmbatch.devstack.process import LoggedProcess
 from tests.fixtures.openai_server import CANARY_KEY, remote_worker_process
 from tests.fixtures.worker_processes import stop_worker
-from workers.cpu import cpu_worker
 
 KEY_ENV = "LLMBATCH_TEST_ENDPOINT_KEY"
 
 
-@pytest_asyncio.fixture(scope="session")
-async def cpu_only(stack: Settings, temporal_client: Client) -> AsyncIterator[Settings]:
-    """The workflows and CPU steps, in this process; the generate steps go to remote
-    worker processes."""
-    async with cpu_worker(stack, client=temporal_client):
-        yield stack
+@pytest.fixture
+def cpu_only(cpu_workers: Settings) -> Settings:
+    """The workflows and CPU steps, in this process (the session's); the generate
+    steps go to remote worker processes."""
+    return cpu_workers
 
 
 @pytest_asyncio.fixture

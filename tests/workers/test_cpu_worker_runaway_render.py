@@ -11,6 +11,7 @@ import asyncio
 import signal
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -44,8 +45,14 @@ def gone(process: psutil.Process) -> bool:
 async def test_sigterm_during_a_runaway_render_stops_the_worker_within_seconds(
     workers: Settings, temporal_client: Client, tmp_path: Path, model_name: str
 ) -> None:
+    # No drain: a worker with a drain timeout waits that long for a render to end
+    # before it cancels it (a render that never ends takes the whole drain timeout).
     own = workers.model_copy(
-        update={"cpu_task_queue": f"cpu-runaway-{uuid.uuid4().hex[:8]}", "render_timeout_s": 600}
+        update={
+            "cpu_task_queue": f"cpu-runaway-{uuid.uuid4().hex[:8]}",
+            "render_timeout_s": 600,
+            "drain_timeout": timedelta(0),
+        }
     )
     spec = poisoned_job(tmp_path, [row("ok-0", "ok", 1), row("loop", "loop", 100_000)], model_name)
     proc = cpu_worker_process(own, tmp_path / "cpu.log")

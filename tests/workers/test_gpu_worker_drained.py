@@ -38,7 +38,6 @@ from tests.fixtures.worker_processes import (
     stop_worker,
     until_done,
 )
-from workers.cpu import cpu_worker
 
 pytestmark = pytest.mark.slow
 
@@ -89,8 +88,7 @@ async def _run(
         max_concurrent_shards=2,
         output_uri=f"file://{tmp_path / 'out'}",
     )
-    async with cpu_worker(stack, client=client):
-        return await _drain_mid_job(stack, client, spec, tmp_path, drain_timeout=drain_timeout)
+    return await _drain_mid_job(stack, client, spec, tmp_path, drain_timeout=drain_timeout)
 
 
 async def _drain_mid_job(
@@ -170,8 +168,9 @@ def own_model(tiny_model_path: Path, tmp_path: Path) -> str:
 
 
 async def test_drain_covering_the_work_in_flight_redoes_nothing(
-    stack: Settings, temporal_client: Client, own_model: str, tmp_path: Path
+    cpu_workers: Settings, temporal_client: Client, own_model: str, tmp_path: Path
 ) -> None:
+    stack = cpu_workers
     run = await _run(stack, temporal_client, own_model, tmp_path, drain_timeout=90, max_tokens=16)
     _check_every_item_once(run)
     redone = run.engine_requests - ROWS
@@ -189,8 +188,9 @@ async def test_drain_covering_the_work_in_flight_redoes_nothing(
 
 
 async def test_drain_shorter_than_the_work_in_flight_aborts_and_loses_nothing(
-    stack: Settings, temporal_client: Client, own_model: str, tmp_path: Path
+    cpu_workers: Settings, temporal_client: Client, own_model: str, tmp_path: Path
 ) -> None:
+    stack = cpu_workers
     drain_timeout = 1.0
     run = await _run(
         stack,

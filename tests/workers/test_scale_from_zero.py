@@ -23,7 +23,6 @@ from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec, Task
 from llmbatch.devstack.demo import settings_env
 from llmbatch.ledger.backlog import unfinished_items_query
 from tests.fixtures.worker_processes import gpu_worker_process, job_result, stop_worker
-from workers.cpu import cpu_worker
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +47,9 @@ async def _queue(settings: Settings, queue: str) -> dict[str, Any]:
 
 
 async def test_a_job_waits_for_a_worker_and_the_queue_shows_its_backlog(
-    stack: Settings, temporal_client: Client, tiny_model_path: Path, tmp_path: Path
+    cpu_workers: Settings, temporal_client: Client, tiny_model_path: Path, tmp_path: Path
 ) -> None:
+    stack = cpu_workers
     model = str(shutil.copytree(tiny_model_path, tmp_path / "tiny-zero"))
     queue = stack.gpu_task_queue(model)
     source = tmp_path / "rows.jsonl"
@@ -68,32 +68,29 @@ async def test_a_job_waits_for_a_worker_and_the_queue_shows_its_backlog(
     pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     worker = None
     try:
-        async with cpu_worker(stack, client=temporal_client):
-            handle, _ = await start_job(temporal_client, spec, settings=stack)
-            # Accepted and waiting: both shards' generate steps queue on the model's queue.
-            for _ in range(300):
-                waiting = await _queue(stack, queue)
-                if waiting["backlog"] >= ROWS // SHARD:
-                    break
-                await asyncio.sleep(0.5)
-            assert waiting["pollers"] == 0
-            assert waiting["backlog"] == ROWS // SHARD, waiting
-            assert waiting["unfinished_items"] == ROWS
-            assert waiting["running_jobs"] == 1
-            assert waiting["model"] == model and waiting["task"] == "generate"
-            # The query KEDA's postgresql trigger runs counts the same.
-            query = unfinished_items_query(model, Task.GENERATE)
-            assert await pool.fetchval(query) == ROWS
-            status = json.loads(
-                await asyncio.to_thread(_cli, stack, "status", spec.job_id, "--json")
-            )
-            assert status["waiting_for_worker"] is True
-            assert status["task_queue"] == queue and status["queue_backlog"] == ROWS // SHARD
-            text = await asyncio.to_thread(_cli, stack, "status", spec.job_id)
-            assert f"waiting for a worker serving {model}" in text
-            worker = gpu_worker_process(stack, model, tmp_path / "gpu.log")
-            summary = await asyncio.wait_for(job_result(handle), 900)
-            finished = await _queue(stack, queue)
+        handle, _ = await start_job(temporal_client, spec, settings=stack)
+        # Accepted and waiting: both shards' generate steps queue on the model's queue.
+        for _ in range(300):
+            waiting = await _queue(stack, queue)
+            if waiting["backlog"] >= ROWS // SHARD:
+                break
+            await asyncio.sleep(0.5)
+        assert waiting["pollers"] == 0
+        assert waiting["backlog"] == ROWS // SHARD, waiting
+        assert waiting["unfinished_items"] == ROWS
+        assert waiting["running_jobs"] == 1
+        assert waiting["model"] == model and waiting["task"] == "generate"
+        # The query KEDA's postgresql trigger runs counts the same.
+        query = unfinished_items_query(model, Task.GENERATE)
+        assert await pool.fetchval(query) == ROWS
+        status = json.loads(await asyncio.to_thread(_cli, stack, "status", spec.job_id, "--json"))
+        assert status["waiting_for_worker"] is True
+        assert status["task_queue"] == queue and status["queue_backlog"] == ROWS // SHARD
+        text = await asyncio.to_thread(_cli, stack, "status", spec.job_id)
+        assert f"waiting for a worker serving {model}" in text
+        worker = gpu_worker_process(stack, model, tmp_path / "gpu.log")
+        summary = await asyncio.wait_for(job_result(handle), 900)
+        finished = await _queue(stack, queue)
     finally:
         if worker is not None:
             stop_worker(worker)
