@@ -2,7 +2,7 @@
 way in: a batch from the official ``openai`` client against ``llm-batch serve`` runs on
 the endpoint's remote worker (accepted and waiting while none runs), ``GET /v1/models``
 lists the model without anything of the endpoint's, an undeclared model is refused,
-and a schedule's runs call the endpoint it names or its model's route."""
+and a schedule's runs and a submit call the endpoint named or the model's route."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ async def test_routes_are_one_endpoint_per_model_and_update_replaces_them(
             await asyncio.to_thread(cli, settings, "endpoint", "remove", name)
 
 
-async def test_scheduled_runs_call_the_endpoint_named_or_the_models_route(
+async def test_scheduled_runs_and_submits_call_the_endpoint_named_or_the_models_route(
     cpu_only: Settings,
     temporal_client: Client,
     openai_server: OpenAIServer,
@@ -179,11 +179,12 @@ async def test_scheduled_runs_call_the_endpoint_named_or_the_models_route(
     named = add_endpoint(settings, gateway.base_url)
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"text": f"ticket {i}"}) + "\n" for i in range(8)))
-    job = [
-        "--cron", "0 2 * * *", "--paused", "--input", str(data), "--model", model,
-        "--user", "Ticket: {{ text }}", "--max-tokens", "4", "--shard-size", "4",
-        "--output", f"file://{tmp_path / 'out'}", "--json",
+    options = [
+        "--input", str(data), "--model", model, "--user", "Ticket: {{ text }}",
+        "--max-tokens", "4", "--shard-size", "4", "--output", f"file://{tmp_path / 'out'}",
+        "--json",
     ]  # fmt: skip
+    job = ["--cron", "0 2 * * *", "--paused", *options]
     by_route, by_name = f"routed-{routed}", f"named-{named}"
     try:
         refused = await asyncio.to_thread(
@@ -206,10 +207,18 @@ async def test_scheduled_runs_call_the_endpoint_named_or_the_models_route(
             assert triggered.returncode == 0, triggered.stderr
             [run] = await runs_of(temporal_client, by_route, at_least=1)
             summary = await finished(temporal_client, run)
+            # submit reads the same route (in a thread: this process's CPU worker runs
+            # the job meanwhile).
+            submitted = await asyncio.to_thread(cli, settings, "submit", *options, "--wait")
         assert (summary.items_total, summary.items_succeeded) == (8, 8)
         ids = output_ids(tmp_path, run)
         assert len(ids) == 8 and len(set(ids)) == 8
-        assert len(gateway.requests("/chat/completions")) == 8
+        assert submitted.returncode == 0, submitted.stderr
+        direct = json.loads(submitted.stdout)
+        assert (direct["items_total"], direct["items_succeeded"]) == (8, 8)
+        assert len(set(output_ids(tmp_path, direct["job_id"]))) == 8
+        # Both jobs' requests, each once, went through the endpoint's gateway.
+        assert len(gateway.requests("/chat/completions")) == 16
     finally:
         for name in (by_route, by_name):
             await asyncio.to_thread(cli, settings, "schedule", "delete", name)
