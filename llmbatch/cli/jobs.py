@@ -27,7 +27,7 @@ from llmbatch.cli.jobview import (
     show_results,
     usage_line,
 )
-from llmbatch.cli.options import JobOptions, check_inputs, job_options
+from llmbatch.cli.options import JobOptions, check_inputs, job_options, place_job
 from llmbatch.client.queues import describe_queue
 from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
@@ -112,8 +112,7 @@ async def _submit(
     attach: bool,
 ) -> None:
     await check_inputs(spec, settings)
-    if spec.remote_endpoint is not None:
-        await _check_endpoint(settings, spec.remote_endpoint)
+    spec = await place_job(spec, settings)
     client = await connect(settings)
     await _check_worker(
         client,
@@ -136,20 +135,6 @@ async def _submit(
     if wait:
         summary = await follow_job(client, handle, quiet=as_json)
         print_summary(summary, as_json=as_json)
-
-
-async def _check_endpoint(settings: Settings, name: str) -> None:
-    """A job on an endpoint nobody declared would wait for ever: refuse it now."""
-    from llmbatch import ledger
-    from llmbatch.remote.endpoints import EndpointError, get_endpoint
-
-    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
-    try:
-        await get_endpoint(pool, name)
-    except EndpointError as exc:
-        raise CliError(str(exc)) from None
-    finally:
-        await pool.close()
 
 
 async def _check_worker(
