@@ -223,8 +223,8 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
 # The steady stream: a priority-1 job whose sliding window keeps a few shards at a
 # time, so new priority-1 generate steps are queued all the time, each behind the GPU
 # worker's one slot (far more shards than run while the test watches).
-STREAM_SHARDS = 40
-STREAM_WINDOW = 3
+STREAM_SHARDS = 60
+STREAM_WINDOW = 8
 AGING = timedelta(seconds=2)
 
 
@@ -268,19 +268,22 @@ async def test_a_priority_5_job_ages_past_a_steady_priority_1_stream(
             stream_then = await ledger.jobs.job_counts(pool, job_id=stream.job_id)
             assert low_summary.items_succeeded == SMALL_ROWS
 
+            # Bounded: it ended while the stream still had most of its work to do,
+            # and the stream's steps went on after it.
+            scheduled = await _generate_scheduled(temporal_client, low.job_id, 0)
+            assert stream_then.succeeded < STREAM_SHARDS * SHARD_SIZE // 2, (
+                stream_then,
+                scheduled,
+            )
+            low_done = (await _shard_times(pool, low.job_id))[0][1]
+            stream_times = await _shard_times(pool, stream.job_id)
+            assert any(t[0] is not None and t[0] > low_done for t in stream_times.values())
             # It waited at priority 5 while the stream's steps went first, and was
             # queued again a level higher each interval (5, 4, ... in its history).
-            scheduled = await _generate_scheduled(temporal_client, low.job_id, 0)
             keys = [key for _, key in scheduled]
             assert len(keys) >= 2 and keys == list(range(5, 5 - len(keys), -1)), scheduled
             for (earlier, _), (later, _) in itertools.pairwise(scheduled):
                 assert later - earlier >= AGING, scheduled
-            # Bounded: it ended while the stream still had most of its work to do,
-            # and the stream's steps went on after it.
-            assert stream_then.succeeded < STREAM_SHARDS * SHARD_SIZE // 2, stream_then
-            low_done = (await _shard_times(pool, low.job_id))[0][1]
-            stream_times = await _shard_times(pool, stream.job_id)
-            assert any(t[0] is not None and t[0] > low_done for t in stream_times.values())
         finally:
             await stream_handle.cancel()
             with contextlib.suppress(WorkflowFailureError):
