@@ -268,10 +268,10 @@ async def test_a_priority_5_job_ages_past_a_steady_priority_1_stream(
             stream_then = await ledger.jobs.job_counts(pool, job_id=stream.job_id)
             assert low_summary.items_succeeded == SMALL_ROWS
 
-            # Bounded: it ended while the stream still had most of its work to do,
-            # and the stream's steps went on after it.
+            # Bounded: it ended long before the stream (measured: with 2.2k of its 6k
+            # items done; without aging, after all 6k), and the stream went on after it.
             scheduled = await _generate_scheduled(temporal_client, low.job_id, 0)
-            assert stream_then.succeeded < STREAM_SHARDS * SHARD_SIZE // 2, (
+            assert stream_then.succeeded < STREAM_SHARDS * SHARD_SIZE * 3 // 4, (
                 stream_then,
                 scheduled,
             )
