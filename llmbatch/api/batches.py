@@ -30,6 +30,7 @@ from llmbatch.api.objects import (
     CursorPage,
     page,
 )
+from llmbatch.client.quotas import QUOTA_SETTING
 from llmbatch.client.temporal import model_has_worker, start_api_batch
 from llmbatch.contract.messages import ApiBatchRecordInput
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec, Task
@@ -235,6 +236,12 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="model",
             code="model_not_found",
         )
+    # An operator's quota for the project (its tenant) may allow fewer batches at once.
+    quota = settings.quota(project)
+    in_progress_cap = min(
+        settings.api_max_batches_in_progress,
+        quota.max_concurrent_jobs or settings.api_max_batches_in_progress,
+    )
     batch_id = api_layout.new_batch_id()
     window = window_of(body.completion_window)
     spec = JobSpec(
@@ -266,7 +273,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         window_s=int(window.total_seconds()),
         model=model,
         metadata=body.metadata,
-        max_in_progress=settings.api_max_batches_in_progress,
+        max_in_progress=in_progress_cap,
     )
     # The workflow writes the record (Update-with-Start): a server that dies anywhere
     # in here leaves either nothing or a batch whose workflow ends it.
@@ -277,11 +284,15 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == FailureType.TOO_MANY_BATCHES:
+            setting = (
+                "LLMBATCH_API_MAX_BATCHES_IN_PROGRESS"
+                if in_progress_cap == settings.api_max_batches_in_progress
+                else f"the project's max_concurrent_jobs in {QUOTA_SETTING}"
+            )
             raise ApiError(
                 429,
-                f"This project has {settings.api_max_batches_in_progress} batches in "
-                "progress, the most it may have (LLMBATCH_API_MAX_BATCHES_IN_PROGRESS); "
-                "wait for one to finish.",
+                f"This project has {in_progress_cap} batches in progress, the most it may "
+                f"have ({setting}); wait for one to finish.",
                 type=ErrorType.RATE_LIMIT,
                 code="too_many_batches_in_progress",
             ) from None

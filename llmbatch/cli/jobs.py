@@ -29,6 +29,7 @@ from llmbatch.cli.jobview import (
 )
 from llmbatch.cli.options import JobOptions, check_inputs, job_options, place_job
 from llmbatch.client.queues import describe_queue
+from llmbatch.client.quotas import QuotaExceeded, check_quota
 from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
@@ -122,6 +123,10 @@ async def _submit(
         task=spec.task,
         endpoint=spec.remote_endpoint,
     )
+    try:
+        await check_quota(client, settings, spec)
+    except QuotaExceeded as exc:
+        raise CliError(str(exc)) from None
     handle, started = await start_job(client, spec, settings=settings)
     if not started and not attach:
         await _refuse_other_spec(client, spec)
