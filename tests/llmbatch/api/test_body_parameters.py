@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.fixtures.api_server import ApiServer, Keys
-from tests.llmbatch.api.helpers import jsonl, lines_of, new_client, until
+from tests.llmbatch.api.helpers import lines_of, new_client, submit
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +33,7 @@ async def run(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Run ``lines`` as one batch to the end; its output and error lines by custom_id.
     The batch must complete: no line may fail it."""
-    f = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-    created = await client.batches.create(
-        input_file_id=f.id,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        completion_window="24h",
-    )
-    batch = await until(
-        client, created.id, lambda b: b.status not in ("validating", "in_progress", "finalizing")
-    )
+    batch = await submit(client, lines, endpoint)
     assert batch.status == "completed", batch
     out = {x["custom_id"]: x for x in await lines_of(client, batch.output_file_id)}
     err = {x["custom_id"]: x for x in await lines_of(client, batch.error_file_id)}
