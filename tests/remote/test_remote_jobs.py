@@ -237,7 +237,13 @@ async def test_a_remote_job_forwards_every_request_parameter_and_keeps_every_cho
     params = {"n": 2, "logprobs": True, "top_logprobs": 1, "presence_penalty": 0.5, "top_k": 5}
     sampling = SamplingSpec(max_tokens=4, temperature=0.8, seed=1, params=params)
     spec = spec.model_copy(update={"id_field": "id", "sampling": sampling})
-    async with remote_workers(settings, temporal_client, endpoint=endpoint, model=spec.model):
+    async with remote_workers(
+        settings,
+        temporal_client,
+        endpoint=endpoint,
+        model=spec.model,
+        logs=[tmp_path / "remote.log"],
+    ):
         handle, _ = await start_job(temporal_client, spec, settings=settings)
         summary = await asyncio.wait_for(job_result(handle), 300)
     assert (summary.items_total, summary.items_succeeded) == (3, 3)

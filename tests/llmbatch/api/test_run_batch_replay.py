@@ -1,6 +1,7 @@
 """vLLM's own ``run_batch`` test inputs (tests/entrypoints/openai/test_run_batch.py in
-vLLM: its chat file and its invalid file), run through ``run_batch`` and through
-``llm-batch serve`` with the tiny model: every line vLLM answers, llm-batch answers too.
+vLLM: its chat, embeddings and invalid files), run through ``run_batch`` and through
+``llm-batch serve`` with the tiny model: every line vLLM answers, llm-batch answers too
+(the same vectors, for embeddings).
 
 llm-batch is as strict as OpenAI's Batch API about the file: a line for another model
 or URL fails validation (run_batch answers it per line), so the chat file runs once as
@@ -10,6 +11,7 @@ given (refused, naming those lines) and once without them.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.api_server import ApiServer, Keys
+from tests.fixtures.embed_worker import HF_OVERRIDES, EmbedWorker
 from tests.fixtures.model import MAX_MODEL_LEN
 from tests.llmbatch.api.helpers import jsonl, lines_of, new_client, submit
 
@@ -48,6 +51,21 @@ INPUT_BATCH = [
     {**chat("request-4", "You are an unhelpful assistant."), "url": "/bad_url"},
     chat("request-5", "You are an unhelpful assistant.", stream="True"),
 ]
+
+
+def embedding(custom_id: str, text: str, *, model: str = "their-embedder") -> dict[str, Any]:
+    body = {"model": model, "input": text}
+    return {"custom_id": custom_id, "method": "POST", "url": EMBEDDINGS, "body": body}
+
+
+EMBEDDINGS = "/v1/embeddings"
+# vLLM's INPUT_EMBEDDING_BATCH, line for line.
+INPUT_EMBEDDING_BATCH = [
+    embedding("request-1", "You are a helpful assistant."),
+    embedding("request-2", "You are an unhelpful assistant."),
+    embedding("request-3", "Hello world!"),
+    embedding("request-4", "Hello world!", model="NonExistModel"),
+]
 # vLLM's INVALID_INPUT_BATCH: its first line has no custom_id.
 INVALID_INPUT_BATCH = [
     {
@@ -62,20 +80,24 @@ def named(lines: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
     out = []
     for line in lines:
         body = dict(line["body"])
-        if body.get("model") == THEIR_MODEL:
+        if body.get("model") in (THEIR_MODEL, "their-embedder"):
             body["model"] = model
         out.append({**line, "body": body})
     return out
 
 
-def run_batch(model: str, lines: list[dict[str, Any]], work: Path) -> tuple[int, list[Any]]:
-    """vLLM's run_batch on ``lines``: its exit code and output lines."""
+def run_batch(
+    model: str, lines: list[dict[str, Any]], work: Path, *args: str
+) -> tuple[int, list[Any]]:
+    """vLLM's run_batch on ``lines`` (``args``: more engine arguments): its exit code and
+    output lines."""
     src, dst = work / "in.jsonl", work / "out.jsonl"
     src.write_bytes(jsonl(lines))
     proc = subprocess.run(
         [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o",
          str(dst), "--model", model, "--dtype", "float32", "--max-model-len",
-         str(MAX_MODEL_LEN), "--enforce-eager", "--kv-cache-memory-bytes", str(128 << 20)],
+         str(MAX_MODEL_LEN), "--enforce-eager", "--kv-cache-memory-bytes", str(128 << 20),
+         *args],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     if proc.returncode != 0 or not dst.exists():
@@ -91,7 +113,11 @@ async def test_vllms_run_batch_inputs_are_answered_by_llm_batch_too(
     code, theirs = run_batch(served_model, lines, tmp_path)
     assert code == 0 and [x["custom_id"] for x in theirs] == [x["custom_id"] for x in lines]
     answered = {x["custom_id"] for x in theirs if x["error"] is None}
-    assert answered, theirs  # run_batch answers some lines of its own test file
+    # Its max_tokens of 1000 is more than the tiny model's context of 512 leaves:
+    # run_batch refuses those lines (400), llm-batch generates up to the context's end.
+    refused_for_length = {
+        x["custom_id"] for x in theirs if x["error"] and "max_tokens" in json.dumps(x["error"])
+    }
 
     # As given: refused as OpenAI refuses it, naming the lines for another model and URL.
     failed = await submit(client, lines)
@@ -106,9 +132,14 @@ async def test_vllms_run_batch_inputs_are_answered_by_llm_batch_too(
     runnable = [x for x in lines if x["custom_id"] not in ("request-3", "request-4")]
     batch = await submit(client, runnable)
     assert batch.status == "completed", batch
-    ours = {x["custom_id"] for x in await lines_of(client, batch.output_file_id)}
+    out = {x["custom_id"]: x for x in await lines_of(client, batch.output_file_id)}
     errors = {x["custom_id"] for x in await lines_of(client, batch.error_file_id)}
-    assert answered - {"request-3", "request-4"} <= ours
+    assert answered - {"request-3", "request-4"} <= set(out)
+    assert refused_for_length - {"request-3", "request-4"} <= set(out)
+    assert {"request-1", "request-2"} <= set(out)
+    for custom_id in ("request-1", "request-2"):
+        (choice,) = out[custom_id]["response"]["body"]["choices"]
+        assert choice["finish_reason"] in ("stop", "length")
     assert "request-5" in errors and "request-5" not in answered
 
 
@@ -124,3 +155,40 @@ async def test_vllms_invalid_run_batch_input_is_refused_by_both(
     assert [(e.line, e.code) for e in failed.errors.data or []] == [
         (1, "missing_required_parameter")
     ]
+
+
+async def test_vllms_run_batch_embeddings_are_the_same_vectors_here(
+    embed_worker: EmbedWorker, api_server: ApiServer, api_keys: Keys, tmp_path: Path
+) -> None:
+    client, _ = await new_client(api_server, api_keys)
+    model = embed_worker.model
+    lines = named(INPUT_EMBEDDING_BATCH, model)
+    code, theirs = run_batch(
+        model, lines, tmp_path, "--runner", "pooling", "--convert", "embed",
+        "--hf-overrides", HF_OVERRIDES,
+    )  # fmt: skip
+    assert code == 0
+    vectors = {
+        x["custom_id"]: x["response"]["body"]["data"][0]["embedding"]
+        for x in theirs
+        if x["error"] is None
+    }
+    assert {"request-1", "request-2", "request-3"} <= set(vectors), theirs
+
+    failed = await submit(client, lines, EMBEDDINGS)
+    assert failed.status == "failed" and failed.errors is not None
+    assert [(e.line, e.code) for e in failed.errors.data or []] == [(4, "model_mismatch")]
+
+    batch = await submit(client, lines[:3], EMBEDDINGS)
+    assert batch.status == "completed", batch
+    ours = {
+        x["custom_id"]: x["response"]["body"]["data"][0]["embedding"]
+        for x in await lines_of(client, batch.output_file_id)
+    }
+    assert set(ours) == {"request-1", "request-2", "request-3"}
+    for custom_id, vector in ours.items():
+        assert len(vector) == len(vectors[custom_id])
+        assert all(
+            math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)
+            for a, b in zip(vector, vectors[custom_id], strict=True)
+        ), custom_id
