@@ -165,6 +165,7 @@ def _render(
             )
             continue
         prompt: str | None = None
+        prompt_ids: list[int] | None = None
         messages: list[dict[str, str]] | None
         if fmt is InputFormat.OPENAI:
             try:
@@ -177,7 +178,7 @@ def _render(
             except openai_batch.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
                 continue
-            messages, prompt = parsed.messages, parsed.prompt
+            messages, prompt, prompt_ids = parsed.messages, parsed.prompt, parsed.prompt_token_ids
             sampling = parsed.sampling.with_overrides(overrides)
         else:
             outcome = rendered[index]
@@ -192,6 +193,7 @@ def _render(
             source=row.source,
             messages=messages,
             prompt=prompt,
+            prompt_token_ids=prompt_ids,
             # None stands for the job's own sampling: not repeated on every staged row.
             sampling=None if sampling == spec.sampling else sampling,
         )
@@ -216,6 +218,7 @@ def _render_embed(
     for index, row in enumerate(rows):
         failure: tuple[ErrorClass, str] | None = None
         texts: list[str] = []
+        token_ids: list[list[int]] | None = None
         options = default
         if row.error_class is not None or row.fields is None:
             failure = (
@@ -224,7 +227,7 @@ def _render_embed(
             )
         elif fmt is InputFormat.OPENAI:
             try:
-                _, texts, own = openai_batch.parse_embedding_request(
+                _, texts, token_ids, own = openai_batch.parse_embedding_request(
                     row.fields, defaults=job_options, model=spec.model
                 )
                 options = own.with_overrides(overrides)
@@ -252,7 +255,8 @@ def _render_embed(
         requests[row.item_id] = StagedRequest(
             item_id=row.item_id,
             source=row.source,
-            texts=texts,
+            texts=texts or None,
+            token_ids=token_ids,
             embedding=None if options == job_options else options,
         )
     return requests, dead
@@ -272,9 +276,12 @@ def _hashes(
             model=spec.model,
             messages=request.messages,
             prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
             sampling=request.effective_sampling(spec),
             texts=request.texts,
-            embedding=request.embedding or (spec.embed_options if request.texts else None),
+            token_ids=request.token_ids,
+            embedding=request.embedding
+            or (spec.embed_options if request.texts or request.token_ids else None),
         )
         out.append((row, key))
     return out

@@ -81,6 +81,15 @@ class ChatMessage(_Strict):
     )
 
 
+# Request parameters SamplingSpec has a field for (an API line's are mapped onto them).
+SAMPLING_FIELD_PARAMS = frozenset(
+    {"temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed"}
+    | {"truncate_prompt_tokens"}
+)
+# Body parameters that are the item's prompt or the job's, never ``SamplingSpec.params``.
+NOT_SAMPLING_PARAMS = frozenset({"model", "messages", "prompt", "stream", "stream_options"})
+
+
 class SamplingSpec(_Strict):
     """Sampling parameters, mapped one to one onto vLLM's ``SamplingParams``.
 
@@ -112,12 +121,31 @@ class SamplingSpec(_Strict):
         description="Keep only the last N tokens of a longer prompt (vLLM's left "
         "truncation), e.g. to re-drive items whose prompt exceeded the context.",
     )
+    params: dict[str, Any] | None = Field(
+        default=None,
+        description="Any other parameter of OpenAI's and vLLM's chat and completions "
+        "requests, by its API name (n, logprobs, top_logprobs, presence_penalty, "
+        "frequency_penalty, logit_bias, top_k, min_p, min_tokens, repetition_penalty, "
+        "stop_token_ids, response_format, ...): the engine worker builds the sampling "
+        "from vLLM's own request models, so whatever vLLM runs runs here; a name or "
+        "value it refuses is that item's InvalidRequest.",
+    )
 
     @property
     def reproducible(self) -> bool:
         """Whether the same request gives the same result again: greedy decoding or an
         explicit seed. Only such requests are deduplicated or answered from the cache."""
         return self.temperature == 0 or self.seed is not None
+
+    @field_validator("params")
+    @classmethod
+    def _params_not_fields(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # A parameter with a field of its own is given once, as that field (a re-drive's
+        # override and the dedup key then see it); the prompt is the item's, not sampling.
+        for name in value or {}:
+            if name in SAMPLING_FIELD_PARAMS or name in NOT_SAMPLING_PARAMS:
+                raise ValueError(f"params.{name}: give {name!r} as its own field, not in params")
+        return value or None
 
     @model_validator(mode="after")
     def _one_constraint(self) -> Self:

@@ -54,6 +54,7 @@ def group_requests(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> 
                 messages=None,
                 sampling=spec.sampling,
                 texts=request.texts or [],
+                token_ids=request.token_ids,
                 embedding=request.embedding or spec.embed_options,
             )
         elif sampling.reproducible:
@@ -61,6 +62,7 @@ def group_requests(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> 
                 model=spec.model,
                 messages=request.messages,
                 prompt=request.prompt,
+                prompt_token_ids=request.prompt_token_ids,
                 sampling=sampling,
             )
         else:

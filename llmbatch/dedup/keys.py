@@ -32,18 +32,32 @@ def request_key(
     messages: Any,
     sampling: SamplingSpec,
     prompt: str | None = None,
+    prompt_token_ids: list[int] | None = None,
     texts: list[str] | None = None,
+    token_ids: list[list[int]] | None = None,
     embedding: EmbedSpec | None = None,
 ) -> str:
     """sha256 of everything that decides a request's result: the model as named, the
-    rendered chat messages or the raw prompt (a completions request), every sampling
-    parameter and the structured-output constraint (part of the sampling); for an
-    embed request, the texts and the embed options."""
-    what: list[Any] = [messages] if prompt is None else ["prompt", prompt]
-    if texts is not None:
-        what = ["embed", texts, embedding.model_dump(mode="json") if embedding else None]
+    rendered chat messages or the raw prompt (a completions request, as text or token
+    ids), every sampling parameter (``params`` too: n, logprobs, penalties, ...) and
+    the structured-output constraint (part of the sampling); for an embed request, the
+    texts (or token ids) and the embed options."""
+    what: list[Any] = [messages]
+    if prompt is not None:
+        what = ["prompt", prompt]
+    elif prompt_token_ids is not None:
+        what = ["prompt_token_ids", prompt_token_ids]
+    if texts is not None or token_ids is not None:
+        options = embedding.model_dump(mode="json") if embedding else None
+        what = ["embed", texts, options] if token_ids is None else ["embed_ids", token_ids, options]
     body = json.dumps(
-        [model_identity(model), *what, sampling.model_dump(mode="json")],
+        # Without params, the sampling dumps as it did before there were any: keys (and
+        # the result cache) stay valid across the upgrade.
+        [
+            model_identity(model),
+            *what,
+            sampling.model_dump(mode="json", exclude=None if sampling.params else {"params"}),
+        ],
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,

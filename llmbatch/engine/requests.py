@@ -32,21 +32,42 @@ class GenerationRequest(BaseModel):
     request_id: str = Field(min_length=1)
     messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
     prompt: str | None = None
+    prompt_token_ids: list[int] | None = Field(default=None, min_length=1)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
 
     @model_validator(mode="after")
     def _messages_or_prompt(self) -> Self:
-        if (self.messages is None) == (self.prompt is None):
-            raise ValueError("give exactly one of messages and prompt")
+        given = [self.messages, self.prompt, self.prompt_token_ids]
+        if sum(g is not None for g in given) != 1:
+            raise ValueError("give exactly one of messages, prompt and prompt_token_ids")
         return self
+
+    @property
+    def chat(self) -> bool:
+        """Whether this is a chat request (else a completions one)."""
+        return self.messages is not None
 
 
 class EmbeddingRequest(BaseModel):
     """One item of an embed job: its texts (usually one), embedded one vector each."""
 
     request_id: str = Field(min_length=1)
-    texts: list[str] = Field(min_length=1)
+    texts: list[str] = Field(default_factory=list)
+    # Inputs given as token ids (an OpenAI /v1/embeddings line may send them): one
+    # vector per list, instead of texts.
+    token_ids: list[list[int]] | None = None
     options: EmbedSpec = Field(default_factory=EmbedSpec)
+
+    @model_validator(mode="after")
+    def _texts_or_ids(self) -> Self:
+        if bool(self.texts) == bool(self.token_ids):
+            raise ValueError("give exactly one of texts and token_ids")
+        return self
+
+    @property
+    def inputs(self) -> int:
+        """How many vectors the request asks for."""
+        return len(self.token_ids) if self.token_ids else len(self.texts)
 
 
 @dataclass(slots=True)
@@ -84,6 +105,9 @@ class GenerationResult(BaseModel):
     completion_tokens: int = 0
     latency_ms: float = 0.0
     parsed: Any = None  # json_schema requests: the parsed, schema-valid object
+    # Every choice (index, text, finish_reason, logprobs) when the request asked for
+    # more than one text (``n``) or for logprobs; ``text`` is the first choice's.
+    choices: list[dict[str, Any]] | None = None
     error_class: ErrorClass | None = None
     error_message: str | None = None
 
@@ -113,13 +137,33 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
 class Prepared:
     """What one distinct SamplingSpec needs, built once (most jobs have one spec)."""
 
-    params: SamplingParams
+    params: SamplingParams | None
     validator: Any = None  # jsonschema validator for json_schema specs
     schema_error: str | None = None  # the spec's schema is not a valid JSON schema
+    # The spec's ``params`` are not ones vLLM runs (then ``params`` is None).
+    invalid: str | None = None
+
+    @property
+    def detailed(self) -> bool:
+        """Whether results carry every choice (``n`` > 1, or logprobs asked for)."""
+        return self.params is not None and (self.params.n > 1 or self.params.logprobs is not None)
 
 
-def prepare(spec: SamplingSpec) -> Prepared:
-    params = sampling_params(spec)
+def prepare(spec: SamplingSpec, *, chat: bool = True) -> Prepared:
+    """The vLLM parameters of ``spec`` for a chat (else a completions) request: built
+    by vLLM's request models when the spec carries ``params`` (see
+    :mod:`llmbatch.engine.api_requests`), else directly from its fields."""
+    if spec.params:
+        # Imported on first use: vLLM's OpenAI protocol modules are a second or more of
+        # imports that a worker whose jobs never carry params does not need.
+        from llmbatch.engine.api_requests import InvalidParams, api_sampling_params
+
+        try:
+            params = api_sampling_params(spec, chat=chat)
+        except InvalidParams as exc:
+            return Prepared(None, invalid=str(exc))
+    else:
+        params = sampling_params(spec)
     if spec.json_schema is None:
         return Prepared(params)
     from jsonschema import exceptions, validators  # a vLLM dependency

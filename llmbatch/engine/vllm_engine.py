@@ -44,6 +44,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from llmbatch import telemetry
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.contract.states import ErrorClass
+from llmbatch.engine.api_requests import choices as api_choices
 from llmbatch.engine.base import EngineUsage
 from llmbatch.engine.cpu import (
     check_cpu_memory,
@@ -172,11 +173,11 @@ class Engine:
             self._stop_observing()
             self._llm.shutdown()
 
-    def _prepare(self, spec: SamplingSpec) -> Prepared:
-        key = spec.model_dump_json()
+    def _prepare(self, spec: SamplingSpec, *, chat: bool) -> Prepared:
+        key = f"{chat}:{spec.model_dump_json()}"
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = self._prepared[key] = prepare(spec)
+            prepared = self._prepared[key] = prepare(spec, chat=chat)
             if len(self._prepared) > PREPARED_CACHE_SIZE:
                 self._prepared.popitem(last=False)
         else:
@@ -191,6 +192,8 @@ class Engine:
             )
             # The template writes the special tokens (BOS and all) itself.
             return list(self._tokenizer.encode(text, add_special_tokens=False))
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
         return list(self._tokenizer.encode(request.prompt or ""))
 
     async def generate(
@@ -206,9 +209,12 @@ class Engine:
         of the context with finish reason ``length``.
         """
         started = time.perf_counter()
-        prepared = self._prepare(request.sampling)
+        prepared = self._prepare(request.sampling, chat=request.chat)
+        if prepared.invalid is not None:
+            return failed(request, ErrorClass.INVALID_REQUEST, prepared.invalid)
         if prepared.schema_error is not None:
             return failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
+        assert prepared.params is not None
         try:
             ids = self.prompt_token_ids(request)
         except Exception as exc:  # a template that cannot render these messages
@@ -255,18 +261,26 @@ class Engine:
         if final is None or not final.outputs:
             raise RequestAbortedError(f"request {request.request_id}: the engine returned nothing")
         completion = final.outputs[0]
-        if completion.finish_reason not in ("stop", "length"):
-            raise RequestAbortedError(
-                f"request {request.request_id} ended with {completion.finish_reason!r}"
-            )
+        for candidate in final.outputs:
+            if candidate.finish_reason not in ("stop", "length"):
+                raise RequestAbortedError(
+                    f"request {request.request_id} ended with {candidate.finish_reason!r}"
+                )
         result = GenerationResult(
             request_id=request.request_id,
             text=completion.text,
             finish_reason=completion.finish_reason,
             prompt_tokens=len(ids),
-            completion_tokens=len(completion.token_ids),
+            completion_tokens=sum(len(o.token_ids) for o in final.outputs),
             latency_ms=(time.perf_counter() - started) * 1000.0,
         )
+        if prepared.detailed:
+            result.choices = api_choices(
+                final.outputs,
+                chat=request.chat,
+                tokenizer=self._tokenizer,
+                top_logprobs=prepared.params.logprobs,
+            )
         check_structured(result, request.sampling, prepared)
         return result
 
@@ -282,17 +296,19 @@ class Engine:
         started = time.perf_counter()
         options = request.options
         prompts: list[list[int]] = []
-        for index, text in enumerate(request.texts):
+        given: list[str] | list[list[int]] = request.token_ids or request.texts
+        for index, text in enumerate(given):
             # As LLM.embed tokenizes a text prompt (special tokens added), so the
-            # vectors are the ones vLLM itself gives for the same text.
-            ids = list(self._tokenizer.encode(text))
+            # vectors are the ones vLLM itself gives for the same text; token ids run
+            # as given, as vLLM's server runs them.
+            ids = list(text) if isinstance(text, list) else list(self._tokenizer.encode(text))
             keep = options.truncate_prompt_tokens
             if keep is not None and len(ids) > keep:
                 ids = ids[-keep:]
             if not ids:
                 return embed_failed(request, ErrorClass.INVALID_PROMPT, "a text is empty")
             if len(ids) > self.max_model_len:
-                which = f"input {index} has" if len(request.texts) > 1 else "the text has"
+                which = f"input {index} has" if len(given) > 1 else "the text has"
                 return embed_failed(
                     request,
                     ErrorClass.PROMPT_TOO_LONG,

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from llmbatch.contract.names import model_identity
-from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, JobSpec, SamplingSpec
+from llmbatch.contract.spec import (
+    NOT_SAMPLING_PARAMS,
+    SAMPLING_FIELD_PARAMS,
+    ApiEndpoint,
+    EmbedSpec,
+    JobSpec,
+    SamplingSpec,
+)
 from llmbatch.contract.states import ErrorClass
 from llmbatch.formats.vectors import floats
 
@@ -35,6 +42,8 @@ EMBEDDINGS_URL = ApiEndpoint.EMBEDDINGS.value
 # OpenAI's /v1/completions default for max_tokens (vLLM's too): a line that leaves it
 # out gets what it would get from OpenAI, not the job's chat default.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# OpenAI's default temperature: a line asking for n > 1 answers without one gets it.
+OPENAI_DEFAULT_TEMPERATURE = 1.0
 # A line's body.model is quoted in its error, cut to this: a row may hold anything there.
 MODEL_NAME_CHARS = 200
 
@@ -44,12 +53,12 @@ class InvalidRequest(ValueError):
 
 
 class UnsupportedParameter(InvalidRequest):
-    """A body parameter llm-batch does not run. Dropping it would answer a different
-    request than the one asked, so the line is refused; and since such a parameter
-    comes from how the caller builds every request, planning refuses the whole job
-    when its first lines carry one. ``param`` names it (``body.<name>``) and ``code``
-    is OpenAI's: ``unsupported_parameter``, or ``unsupported_value`` for a parameter
-    run only with some values."""
+    """A body parameter, or a value of one, that llm-batch cannot run (``stream: true``,
+    ``tools`` without a tool parser). Dropping it would answer a different request than
+    the one asked, so the line is refused: a 400 in the error file, as OpenAI reports
+    a body error, while the other lines run. ``param`` names it (``body.<name>``) and
+    ``code`` is OpenAI's: ``unsupported_parameter``, or ``unsupported_value`` for a
+    parameter run only with some values."""
 
     def __init__(self, message: str, *, param: str, code: str = "unsupported_parameter") -> None:
         super().__init__(message)
@@ -57,46 +66,36 @@ class UnsupportedParameter(InvalidRequest):
         self.code = code
 
 
-# Body parameters mapped onto the request (see parse_request and _sampling).
-MAPPED_PARAMETERS = frozenset(
-    {
-        "model",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "stop",
-        "seed",
-        "response_format",
-        "n",
-    }
+# Body parameters that do not change the answer: bookkeeping for the caller, or how an
+# answer is delivered, which a batch decides (whole answers, in the output file).
+IGNORED_PARAMETERS = frozenset(
+    {"user", "metadata", "store", "service_tier", "stream_options"}
+    | {"prompt_cache_key", "safety_identifier"}
 )
-# /v1/completions: the same, with a prompt instead of messages (no response_format).
-COMPLETIONS_PARAMETERS = (MAPPED_PARAMETERS - {"messages", "response_format"}) | {"prompt"}
-# Parameters that do not change the answer: bookkeeping for the caller.
-IGNORED_PARAMETERS = frozenset({"user", "metadata", "store"})
-# Parameters accepted only at the value that asks for nothing (OpenAI's default).
-NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "stream": (False,),
-    "logprobs": (False,),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "logit_bias": ({},),
-    # /v1/completions only: no echo of the prompt, no suffix, one candidate.
-    "echo": (False,),
-    "best_of": (1,),
+# Parameters run only at these values: the others ask for what a batch line cannot do
+# here (stream deltas, a tool parser, the prompt echoed back, a suffix, beam search);
+# each value refused names why.
+ONLY_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
+    "stream": ((False,), "a batch returns whole answers, never a stream"),
+    "echo": ((False,), "the prompt is not echoed back; it is in the input file"),
+    "suffix": (("",), "a suffix needs an insertion model"),
+    "best_of": ((1,), "ask for n candidates instead"),
+    "use_beam_search": ((False,), "beam search is not run for batch lines"),
+    "tools": (([],), "the engine workers run no tool parser"),
+    "functions": (([],), "the engine workers run no tool parser"),
 }
 
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """One batch line, ready to run: chat ``messages`` or a raw ``prompt``."""
+    """One batch line, ready to run: chat ``messages``, or a raw ``prompt`` as text or
+    as the model's token ids (a /v1/completions line)."""
 
     custom_id: str
     sampling: SamplingSpec
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 def parse_request(
@@ -122,18 +121,31 @@ def parse(
     A line may leave ``body.model`` out (the job's model runs it); a line naming
     another model is refused, never run on the job's: its caller asked for that model.
     A /v1/completions line's prompt runs as given, without a chat template.
+
+    There is no list of parameters here: the parameters SamplingSpec has fields for
+    are mapped onto them, and every other one travels in ``SamplingSpec.params`` to the
+    engine worker, which builds the request with vLLM's own request model (a name or
+    value vLLM refuses is then that item's InvalidRequest). Only what cannot run at all
+    (:data:`ONLY_VALUES`) is refused here.
     """
     custom_id, body = _line(line, endpoint)
     _check_model(body.get("model"), model)
     completions = endpoint is ApiEndpoint.COMPLETIONS
-    _check_parameters(body, COMPLETIONS_PARAMETERS if completions else MAPPED_PARAMETERS)
-    if body.get("n", 1) != 1:
-        raise InvalidRequest("n other than 1 is not supported")
+    _check_parameters(body)
+    other = "messages" if completions else "prompt"
+    if body.get(other) is not None:
+        raise UnsupportedParameter(
+            f"body.{other} is not a parameter of {endpoint.value}", param=f"body.{other}"
+        )
     if completions:
         if body.get("max_tokens") is None:
             body = {**body, "max_tokens": COMPLETIONS_DEFAULT_MAX_TOKENS}
+        text, ids = _prompt(body)
         return ParsedRequest(
-            custom_id=custom_id, sampling=_sampling(body, defaults), prompt=_prompt(body)
+            custom_id=custom_id,
+            sampling=_sampling(body, defaults),
+            prompt=text,
+            prompt_token_ids=ids,
         )
     return ParsedRequest(
         custom_id=custom_id,
@@ -142,24 +154,27 @@ def parse(
     )
 
 
-def _prompt(body: dict[str, Any]) -> str:
-    """A /v1/completions prompt: a string, or a list of exactly one string (one request
-    is one completion here). Token ids are refused: they are tokens of the caller's
-    tokenizer, which need not be the model's."""
+def _prompt(body: dict[str, Any]) -> tuple[str | None, list[int] | None]:
+    """A /v1/completions prompt, as (text, None) or (None, token ids): a string, a list
+    of token ids, or a list of exactly one of these (one request is one completion
+    here). Token ids are the model's own (as OpenAI and vLLM take them)."""
     raw = body.get("prompt")
-    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
         raw = raw[0]
     if isinstance(raw, str):
-        return raw
-    if (
-        isinstance(raw, list)
-        and raw
-        and all(isinstance(t, int) or isinstance(t, list) for t in raw)
-    ):
-        raise InvalidRequest("body.prompt as token ids is not supported; send the prompt as text")
-    if isinstance(raw, list):
-        raise InvalidRequest("body.prompt must be a string or a list of exactly one string")
-    raise InvalidRequest("body.prompt is missing or not a string")
+        return raw, None
+    if isinstance(raw, list) and raw and all(_token_id(t) for t in raw):
+        return None, list(raw)
+    if isinstance(raw, list) and raw:
+        raise InvalidRequest(
+            "body.prompt must be a string, a list of token ids, or a list of exactly one "
+            "of these (send several prompts as several lines)"
+        )
+    raise InvalidRequest("body.prompt is missing or empty")
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class WrongTask(InvalidRequest):
@@ -189,17 +204,18 @@ def _line(line: dict[str, Any], endpoint: ApiEndpoint) -> tuple[str, dict[str, A
     return custom_id, body
 
 
-# /v1/embeddings body parameters llm-batch runs (OpenAI's, less token-id input).
+# /v1/embeddings body parameters llm-batch runs (OpenAI's).
 EMBEDDING_PARAMETERS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
 ENCODING_FORMATS = ("float", "base64")
 
 
 def parse_embedding_request(
     line: dict[str, Any], *, defaults: EmbedSpec, model: str
-) -> tuple[str, list[str], EmbedSpec]:
+) -> tuple[str, list[str], list[list[int]] | None, EmbedSpec]:
     """Map one /v1/embeddings batch line of an embed job on ``model`` to (custom_id,
-    texts, embed options); raise InvalidRequest. ``input`` is a string or a list of
-    strings (one vector each); token-id input is refused."""
+    texts, token ids, embed options); raise InvalidRequest. ``input`` is a string, a
+    list of strings, a list of token ids or a list of such lists (one vector each, as
+    OpenAI and vLLM take them); token ids come back instead of texts."""
     custom_id, body = _line(line, ApiEndpoint.EMBEDDINGS)
     _check_model(body.get("model"), model)
     for name in sorted(body):
@@ -210,11 +226,23 @@ def parse_embedding_request(
                 param=f"body.{name}",
             )
     raw = body.get("input")
-    texts = [raw] if isinstance(raw, str) else raw
-    if not isinstance(texts, list) or not texts:
-        raise InvalidRequest("body.input must be a string or a non-empty list of strings")
-    if not all(isinstance(t, str) for t in texts):
-        raise InvalidRequest("body.input: only text input is supported (not token ids)")
+    texts: list[str] = []
+    ids: list[list[int]] | None = None
+    if isinstance(raw, str):
+        texts = [raw]
+    elif isinstance(raw, list) and raw and all(_token_id(t) for t in raw):
+        ids = [list(raw)]
+    elif isinstance(raw, list) and raw and all(isinstance(t, list) for t in raw):
+        if not all(t and all(_token_id(i) for i in t) for t in raw):
+            raise InvalidRequest("body.input: each list of token ids must be non-empty ids")
+        ids = [list(t) for t in raw]
+    elif isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+        texts = list(raw)
+    else:
+        raise InvalidRequest(
+            "body.input must be a string, a list of strings, a list of token ids or a "
+            "list of lists of token ids, and not empty"
+        )
     if any(not t for t in texts):
         raise InvalidRequest("body.input holds an empty string")
     encoding_format(body)
@@ -224,7 +252,7 @@ def parse_embedding_request(
             options = defaults.with_overrides({"dimensions": body["dimensions"]})
         except ValueError as exc:
             raise InvalidRequest(f"invalid dimensions: {body['dimensions']!r}") from exc
-    return custom_id, texts, options
+    return custom_id, texts, ids, options
 
 
 def encoding_format(body: Any) -> str:
@@ -248,22 +276,18 @@ def _check_model(named: Any, model: str) -> None:
         )
 
 
-def _check_parameters(body: dict[str, Any], mapped: frozenset[str]) -> None:
-    for name in sorted(body):
-        if name in mapped or name in IGNORED_PARAMETERS:
+def _check_parameters(body: dict[str, Any]) -> None:
+    """Refuse, naming it, a parameter asked at a value that cannot run (ONLY_VALUES)."""
+    for name, (allowed, why) in ONLY_VALUES.items():
+        value = body.get(name)
+        if value is None or value in allowed:
             continue
-        value = body[name]
-        if value is None or (name in NO_OP_VALUES and value in NO_OP_VALUES[name]):
-            continue
-        if name in NO_OP_VALUES:
-            raise UnsupportedParameter(
-                f"body.{name}={value!r} is not supported",
-                param=f"body.{name}",
-                code="unsupported_value",
-            )
+        if name in ("tools", "functions"):
+            raise UnsupportedParameter(f"body.{name} is not supported: {why}", param=f"body.{name}")
         raise UnsupportedParameter(
-            f"body.{name} is not supported; supported: {', '.join(sorted(mapped))}",
+            f"body.{name}={json.dumps(value)[:100]} is not supported: {why}",
             param=f"body.{name}",
+            code="unsupported_value",
         )
 
 
@@ -290,27 +314,36 @@ def _messages(raw: Any) -> list[dict[str, str]]:
 
 
 def _sampling(body: dict[str, Any], defaults: SamplingSpec) -> SamplingSpec:
-    values = defaults.model_dump(exclude={"choice", "json_schema", "regex"})
-    for key in ("temperature", "top_p", "seed"):
+    """The line's sampling: the parameters SamplingSpec has fields for onto those (the
+    job's where the line leaves one out), every other one into ``params`` as given."""
+    values = defaults.model_dump(exclude={"choice", "json_schema", "regex", "params"})
+    for key in ("temperature", "top_p", "seed", "truncate_prompt_tokens"):
         if body.get(key) is not None:
             values[key] = body[key]
+    n = body.get("n")
+    if (
+        isinstance(n, int)
+        and n > 1
+        and body.get("temperature") is None
+        and not values["temperature"]
+    ):
+        # n answers of greedy decoding would be one answer n times (vLLM refuses it):
+        # a line asking for n without a temperature samples at OpenAI's default, 1.
+        values["temperature"] = OPENAI_DEFAULT_TEMPERATURE
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if max_tokens is not None:
         values["max_tokens"] = max_tokens
     stop = body.get("stop")
     if stop is not None:
-        values["stop"] = [stop] if isinstance(stop, str) else stop
-    response_format = body.get("response_format") or {}
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if not isinstance(schema, dict):
-            raise InvalidRequest("response_format.json_schema.schema must be an object")
-        values["json_schema"] = schema
-    elif kind == "json_object":
-        values["json_schema"] = {"type": "object"}
-    elif kind not in (None, "text"):
-        raise InvalidRequest(f"response_format type {kind!r} is not supported")
+        values["stop"] = [stop] if isinstance(stop, str) else stop or None
+    params = dict(defaults.params or {})
+    for name, value in body.items():
+        if name in SAMPLING_FIELD_PARAMS or name in NOT_SAMPLING_PARAMS:
+            continue
+        if name in IGNORED_PARAMETERS or name in ONLY_VALUES or value is None:
+            continue
+        params[name] = value
+    values["params"] = params or None
     try:
         return SamplingSpec.model_validate(values)
     except ValueError as exc:
@@ -332,15 +365,19 @@ def output_line(
     completion_tokens: int,
     created: int,
     endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
+    choices: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A succeeded request, as the OpenAI Batch API writes it to the output file: a
-    ``chat.completion`` body, or a ``text_completion`` one for /v1/completions."""
+    ``chat.completion`` body, or a ``text_completion`` one for /v1/completions.
+    ``choices`` (index, text, finish_reason, logprobs), when the request asked for ``n``
+    of them or for logprobs, are all written; else the one ``text``."""
     key = _short_hash(job_id, custom_id)
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    given = choices or [{"index": 0, "text": text, "finish_reason": finish_reason}]
     body: dict[str, Any]
     if endpoint is ApiEndpoint.COMPLETIONS:
         body = {
@@ -349,7 +386,13 @@ def output_line(
             "created": created,
             "model": model,
             "choices": [
-                {"text": text, "index": 0, "finish_reason": finish_reason, "logprobs": None}
+                {
+                    "text": c.get("text") or "",
+                    "index": c.get("index", n),
+                    "finish_reason": c.get("finish_reason"),
+                    "logprobs": c.get("logprobs"),
+                }
+                for n, c in enumerate(given)
             ],
             "usage": usage,
         }
@@ -361,10 +404,12 @@ def output_line(
             "model": model,
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish_reason,
+                    "index": c.get("index", n),
+                    "message": {"role": "assistant", "content": c.get("text") or ""},
+                    "logprobs": c.get("logprobs"),
+                    "finish_reason": c.get("finish_reason"),
                 }
+                for n, c in enumerate(given)
             ],
             "usage": usage,
         }
@@ -416,6 +461,7 @@ def result_line(
         completion_tokens=row.completion_tokens or 0,
         created=int(row.finished_at.timestamp()) if row.finished_at else 0,
         endpoint=spec.endpoint,
+        choices=result.get("choices"),
     )
 
 
@@ -435,7 +481,28 @@ def dead_line(
     else:
         code = str(error_class or "error")
         text = f"{message} ({source})" if source else str(message)
-    return error_line(job_id=job_id, custom_id=custom_id, code=code, message=text)
+    line = error_line(job_id=job_id, custom_id=custom_id, code=code, message=text)
+    if error_class in BAD_REQUEST:
+        # A request its body made impossible is answered as the endpoint answers it: a
+        # 400 with OpenAI's error body (the ``error`` field keeps llm-batch's class).
+        key = _short_hash(job_id, custom_id)
+        line["response"] = {
+            "status_code": 400,
+            "request_id": f"req_{key}",
+            "body": {
+                "error": {
+                    "message": text,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": code,
+                }
+            },
+        }
+    return line
+
+
+# Dead items whose request the endpoint would refuse with 400 (their body is at fault).
+BAD_REQUEST = frozenset({ErrorClass.INVALID_REQUEST})
 
 
 # --- validation of a whole batch file (the OpenAI Batch API's "validating") ------------

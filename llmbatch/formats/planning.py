@@ -182,9 +182,10 @@ def _check_has_rows(
 
 
 def _check_request_sample(spec: JobSpec, obj: storage.base.ObjectInfo, store_for: StoreFor) -> None:
-    """Refuse OpenAI batch input whose first requests ask for a parameter llm-batch does
-    not run: every line is built alike, so the whole job would end dead-lettered.
-    Other faults of a line stay that line's (it is dead-lettered, the rest runs)."""
+    """Refuse OpenAI batch input whose first lines are all of the other task's kind (a
+    file of embeddings submitted as a generate job, or the other way round). Any other
+    fault of a line, an unsupported parameter too, stays that line's: it is
+    dead-lettered (a 400 in an API batch's error file) and the rest runs."""
     wrong_task: list[str] = []
     sampled = 0
     for line, request in formats.sample_objects(store_for(obj.uri), obj):
@@ -198,8 +199,6 @@ def _check_request_sample(spec: JobSpec, obj: storage.base.ObjectInfo, store_for
                 openai_batch.parse(
                     request, defaults=spec.sampling, model=spec.model, endpoint=spec.endpoint
                 )
-        except openai_batch.UnsupportedParameter as exc:
-            raise InvalidLine(obj.uri, line, str(exc), code=exc.code, param=exc.param) from exc
         except openai_batch.WrongTask as exc:
             wrong_task.append(f"{obj.uri} line {line}: {exc}")
         except openai_batch.InvalidRequest:

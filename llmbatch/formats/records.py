@@ -37,8 +37,12 @@ class StagedRequest(BaseModel):
     source: str
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
+    # A /v1/completions prompt given as the model's token ids (instead of ``prompt``).
+    prompt_token_ids: list[int] | None = None
     sampling: SamplingSpec | None = None  # None: the job's sampling
     texts: list[str] | None = None
+    # A /v1/embeddings input given as token ids: one vector per list (instead of texts).
+    token_ids: list[list[int]] | None = None
     embedding: EmbedSpec | None = None  # None: the job's embed options
 
     def effective_sampling(self, spec: JobSpec) -> SamplingSpec:

@@ -105,6 +105,7 @@ class Recorder:
             request_id=f"{self._lease}:{index}",
             messages=request.messages,
             prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
             sampling=request.effective_sampling(self._input.spec),
         )
 
@@ -170,9 +171,14 @@ class Recorder:
         group = self._answered(result)
         if group is None:
             return
-        stored = storable(
-            {"text": result.text, "finish_reason": result.finish_reason, "parsed": result.parsed}
-        )
+        answer: dict[str, Any] = {
+            "text": result.text,
+            "finish_reason": result.finish_reason,
+            "parsed": result.parsed,
+        }
+        if result.choices is not None:
+            answer["choices"] = result.choices
+        stored = storable(answer)
         self._share(
             group,
             stored,
@@ -331,6 +337,7 @@ class EmbedRecorder(Recorder):
         return EmbeddingRequest(
             request_id=f"{self._lease}:{index}",
             texts=request.texts or [],
+            token_ids=request.token_ids,
             options=request.embedding or self._input.spec.embed_options,
         )
 

@@ -172,6 +172,8 @@ class RemoteEngine:
                         )
                     )
                 return len(self._tokenizer.encode(request.prompt or ""))
+        if request.prompt_token_ids is not None:
+            return len(request.prompt_token_ids)
         if request.messages is not None:
             chars = sum(len(str(m.get("content", ""))) for m in request.messages)
             return int(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(request.messages)
@@ -189,6 +191,9 @@ class RemoteEngine:
         """The path and body for ``request``, or why the endpoint cannot take it."""
         spec: SamplingSpec = request.sampling
         body: dict[str, Any] = {
+            # Every other parameter of the line, as given: the endpoint runs (or refuses)
+            # it, as the in-process engine runs it through vLLM's request models.
+            **(spec.params or {}),
             "model": self._model,
             "max_tokens": spec.max_tokens,
             "temperature": spec.temperature,
@@ -216,7 +221,7 @@ class RemoteEngine:
         if request.messages is not None:
             body["messages"] = request.messages
             return "/chat/completions", body
-        body["prompt"] = request.prompt
+        body["prompt"] = request.prompt if request.prompt is not None else request.prompt_token_ids
         return "/completions", body
 
     async def _send(
@@ -264,7 +269,9 @@ class RemoteEngine:
         self, request: GenerationRequest, *, usage: EngineUsage | None = None
     ) -> GenerationResult:
         started = time.perf_counter()
-        prepared = prepare(request.sampling)
+        # The endpoint judges the line's params itself: only the job's own constraint
+        # (its JSON schema's validator) is prepared here.
+        prepared = prepare(request.sampling.model_copy(update={"params": None}))
         if prepared.schema_error is not None:
             return failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
         payload = self._payload(request)
@@ -279,19 +286,14 @@ class RemoteEngine:
             return failed(request, answer.error_class or ErrorClass.INVALID_REQUEST, answer.message)
         telemetry.metrics().engine_requests.add(1, {"llmbatch.model": self._model})
         body_out = answer.body if isinstance(answer.body, dict) else {}
-        choice = (body_out.get("choices") or [{}])[0]
-        text = (
-            (choice.get("message") or {}).get("content")
-            if request.messages is not None
-            else choice.get("text")
-        ) or ""
-        finish = choice.get("finish_reason")
+        answered = [_choice(c, chat=request.chat) for c in body_out.get("choices") or [{}]]
+        text, finish = answered[0]["text"], answered[0]["finish_reason"]
         used = body_out.get("usage") or {}
         prompt_tokens = int(used.get("prompt_tokens") or 0)
         completion_tokens = int(used.get("completion_tokens") or 0)
         self.budget.correct(estimated=estimate, actual=prompt_tokens + completion_tokens)
         self.usage_book.tokens(job, prompt=prompt_tokens, completion=completion_tokens)
-        if finish not in ("stop", "length"):
+        if any(c["finish_reason"] not in ("stop", "length") for c in answered):
             return failed(
                 request,
                 ErrorClass.INVALID_REQUEST,
@@ -306,6 +308,8 @@ class RemoteEngine:
             completion_tokens=completion_tokens,
             latency_ms=(time.perf_counter() - started) * 1000.0,
         )
+        if len(answered) > 1 or any("logprobs" in c for c in answered):
+            result.choices = answered
         check_structured(result, request.sampling, prepared)
         return result
 
@@ -314,7 +318,7 @@ class RemoteEngine:
     ) -> EmbeddingResult:
         started = time.perf_counter()
         options = request.options
-        body: dict[str, Any] = {"model": self._model, "input": request.texts}
+        body: dict[str, Any] = {"model": self._model, "input": request.token_ids or request.texts}
         if options.dimensions is not None:
             body["dimensions"] = options.dimensions
         if options.truncate_prompt_tokens is not None:
@@ -325,7 +329,11 @@ class RemoteEngine:
                     "truncate_prompt_tokens needs a vLLM server",
                 )
             body["truncate_prompt_tokens"] = options.truncate_prompt_tokens
-        estimate = self._text_tokens(request.texts)
+        estimate = (
+            sum(len(ids) for ids in request.token_ids)
+            if request.token_ids
+            else self._text_tokens(request.texts)
+        )
         job = job_of(request.request_id)
         answer = await self._send("/embeddings", body, tokens=estimate, job=job, usage=usage)
         if answer.verdict is Verdict.ITEM_DEAD:
@@ -336,11 +344,11 @@ class RemoteEngine:
         body_out = answer.body if isinstance(answer.body, dict) else {}
         data = sorted(body_out.get("data") or [], key=lambda d: d.get("index", 0))
         vectors = [struct.pack(f"<{len(d['embedding'])}f", *d["embedding"]) for d in data]
-        if len(vectors) != len(request.texts):
+        if len(vectors) != request.inputs:
             return embed_failed(
                 request,
                 ErrorClass.INVALID_REQUEST,
-                f"the endpoint answered {len(vectors)} vectors for {len(request.texts)} texts",
+                f"the endpoint answered {len(vectors)} vectors for {request.inputs} inputs",
             )
         prompt_tokens = int((body_out.get("usage") or {}).get("prompt_tokens") or 0)
         self.budget.correct(estimated=estimate, actual=prompt_tokens)
@@ -373,6 +381,21 @@ class RemoteEngine:
     ) -> AsyncGenerator[EmbeddingResult, None]:
         call = functools.partial(self.embed, usage=usage)
         return _run_many(call, requests, max_in_flight=max_in_flight)
+
+
+def _choice(answered: Any, *, chat: bool) -> dict[str, Any]:
+    """One choice of the endpoint's answer, stored as the in-process engine stores it
+    (index, text, finish_reason, and logprobs when it carries them)."""
+    answered = answered if isinstance(answered, dict) else {}
+    text = (answered.get("message") or {}).get("content") if chat else answered.get("text")
+    choice: dict[str, Any] = {
+        "index": answered.get("index", 0),
+        "text": text or "",
+        "finish_reason": answered.get("finish_reason"),
+    }
+    if answered.get("logprobs") is not None:
+        choice["logprobs"] = answered["logprobs"]
+    return choice
 
 
 def job_of(request_id: str) -> str:

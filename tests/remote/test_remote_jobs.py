@@ -5,6 +5,7 @@ refused rows dead-lettered, a revoked key pausing the job, and the API key nowhe
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from temporalio.client import Client
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.names import RESUME_UPDATE
+from llmbatch.contract.spec import SamplingSpec
 from llmbatch.remote.usage import job_usage
 from tests.fixtures.openai_server import (
     CANARY_KEY,
@@ -216,3 +218,45 @@ async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
     assert 0.3 <= spent < 0.3 + 0.4
     assert (summary.items_succeeded, summary.items_dead) == (80, 0)
     assert len(set(output_ids(tmp_path, spec.job_id))) == 80
+
+
+async def test_a_remote_job_forwards_every_request_parameter_and_keeps_every_choice(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    # The body sent carries the parameters an OpenAI batch line (or a job's
+    # sampling.params) asks for; the server's n choices and logprobs are kept.
+    settings = cpu_only
+    endpoint = add_endpoint(settings, gateway.base_url, "--rpm", "6000")
+    rows = [{"id": f"r{i}", "text": f"Say something about {i}."} for i in range(3)]
+    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, prefix="params")
+    params = {"n": 2, "logprobs": True, "top_logprobs": 1, "presence_penalty": 0.5, "top_k": 5}
+    sampling = SamplingSpec(max_tokens=4, temperature=0.8, seed=1, params=params)
+    spec = spec.model_copy(update={"id_field": "id", "sampling": sampling})
+    async with remote_workers(
+        settings,
+        temporal_client,
+        endpoint=endpoint,
+        model=spec.model,
+        logs=[tmp_path / "remote.log"],
+    ):
+        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        summary = await asyncio.wait_for(job_result(handle), 300)
+    assert (summary.items_total, summary.items_succeeded) == (3, 3)
+    results = await pool.fetch(
+        "SELECT result, completion_tokens FROM items WHERE job_id = $1", spec.job_id
+    )
+    for row in results:
+        result = json.loads(row["result"]) if isinstance(row["result"], str) else row["result"]
+        choices = result["choices"]
+        assert [c["index"] for c in choices] == [0, 1]
+        assert result["text"] == choices[0]["text"]
+        for choice in choices:
+            content = choice["logprobs"]["content"]
+            assert content and all(len(step["top_logprobs"]) == 1 for step in content)
+        # Usage counts both choices' tokens.
+        assert row["completion_tokens"] == sum(len(c["logprobs"]["content"]) for c in choices)

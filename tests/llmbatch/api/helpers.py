@@ -80,6 +80,22 @@ async def lines_of(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict
     return [json.loads(line) for line in data.splitlines()]
 
 
+ENDED = ("completed", "failed", "expired", "cancelled")
+
+
+async def submit(
+    client: openai.AsyncOpenAI, lines: list[Any], endpoint: str = "/v1/chat/completions"
+) -> Batch:
+    """Upload ``lines`` as a batch file, create its batch, and wait for it to end."""
+    f = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    created = await client.batches.create(
+        input_file_id=f.id,
+        endpoint=endpoint,  # type: ignore[arg-type]
+        completion_window="24h",
+    )
+    return await until(client, created.id, lambda b: b.status in ENDED)
+
+
 def jsonl(lines: list[Any]) -> bytes:
     return b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines)
 

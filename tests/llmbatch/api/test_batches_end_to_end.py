@@ -31,7 +31,7 @@ async def test_a_batch_completes_and_its_files_answer_every_request_by_custom_id
 ) -> None:
     client, key = await new_client(api_server, api_keys)
     lines = [request_line(served_model, n) for n in range(5)]
-    lines[2]["body"]["n"] = 2  # refused when the request is built: it alone fails
+    lines[2]["body"]["stream"] = True  # refused when the request is built: it alone fails
     ids = [x["custom_id"] for x in lines]
     f = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     created = await client.batches.create(

@@ -10,6 +10,7 @@ import math
 
 import pytest
 from openai.types import CreateEmbeddingResponse
+from transformers import AutoTokenizer
 
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.fixtures.embed_worker import DIM, EmbedWorker
@@ -30,11 +31,14 @@ async def test_an_embeddings_batch_answers_each_request_with_openais_embedding_l
 ) -> None:
     client, _ = await new_client(api_server, api_keys)
     model = embed_worker.model
+    tokenizer = AutoTokenizer.from_pretrained(model)
     bodies = {
         "floats": {"input": TEXTS[0]},
         "base64": {"input": TEXTS, "encoding_format": "base64"},
         "short": {"input": TEXTS[1], "dimensions": 32},
-        "tokens": {"input": [1, 2, 3]},  # token-id input: refused, the error file has it
+        # Token-id input, as OpenAI and vLLM take it: the text's own ids give its vector.
+        "tokens": {"input": tokenizer.encode(TEXTS[0])},
+        "empty": {"input": ""},  # refused when the request is built: it alone fails
         "again": {"input": TEXTS[0], "encoding_format": "float"},
     }
     lines = [
@@ -52,11 +56,11 @@ async def test_an_embeddings_batch_answers_each_request_with_openais_embedding_l
     )
     assert batch.status == "completed", batch
     assert batch.request_counts is not None and batch.usage is not None
-    assert batch.request_counts.model_dump() == {"total": 5, "completed": 4, "failed": 1}
+    assert batch.request_counts.model_dump() == {"total": 6, "completed": 5, "failed": 1}
     assert batch.usage.input_tokens > 0 and batch.usage.output_tokens == 0
 
     out = await lines_of(client, batch.output_file_id)
-    assert [x["custom_id"] for x in out] == ["floats", "base64", "short", "again"]
+    assert [x["custom_id"] for x in out] == ["floats", "base64", "short", "tokens", "again"]
     bodies_out = {}
     for line in out:
         assert line["error"] is None and line["response"]["status_code"] == 200
@@ -81,7 +85,10 @@ async def test_an_embeddings_batch_answers_each_request_with_openais_embedding_l
     assert not close(decoded[1], vector)
     assert len(bodies_out["short"]["data"][0]["embedding"]) == 32
     assert close(bodies_out["again"]["data"][0]["embedding"], vector)
+    assert close(bodies_out["tokens"]["data"][0]["embedding"], vector)
 
     (error,) = await lines_of(client, batch.error_file_id)
-    assert error["custom_id"] == "tokens" and error["response"] is None
+    # A 400, as OpenAI reports a body error; the error field keeps llm-batch's class.
+    assert error["custom_id"] == "empty" and error["response"]["status_code"] == 400
+    assert error["response"]["body"]["error"]["type"] == "invalid_request_error"
     assert error["error"]["code"] == "InvalidRequest"

@@ -286,21 +286,6 @@ async def test_an_invalid_json_schema_is_refused_at_submit(
     assert "properties/a/type" in line
 
 
-async def test_openai_requests_with_unsupported_parameters_are_refused_at_submit(
-    stack: Settings, temporal_client: Client, tmp_path: Path
-) -> None:
-    batch = tmp_path / "batch.jsonl"
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}
-    batch.write_text(
-        json.dumps(
-            {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}
-        )
-        + "\n"
-    )
-    line = await refused(stack, temporal_client, tmp_path, "--input", str(batch), user=None)
-    assert f"{batch} line 1: body.frobnicate is not supported" in line
-
-
 async def test_option_files_that_are_missing_or_not_json_are_one_line(
     stack: Settings, temporal_client: Client, tmp_path: Path
 ) -> None:

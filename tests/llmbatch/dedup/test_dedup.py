@@ -30,8 +30,18 @@ def test_the_request_key_covers_model_messages_sampling_and_constraint() -> None
         # Completions requests: the raw prompt decides, not the (absent) messages.
         request_key(model="m", messages=None, prompt="Once upon", sampling=SamplingSpec()),
         request_key(model="m", messages=None, prompt="Once upon a", sampling=SamplingSpec()),
+        # Every further request parameter (n, logprobs, penalties, ...) decides too.
+        request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(params={"n": 2})),
+        request_key(model="m", messages=MESSAGES, sampling=SamplingSpec(params={"top_k": 5})),
+        # A prompt given as token ids, and embedding inputs given as token ids.
+        request_key(model="m", messages=None, prompt_token_ids=[1, 2], sampling=SamplingSpec()),
+        request_key(model="m", messages=None, sampling=SamplingSpec(), token_ids=[[1, 2]]),
+        request_key(model="m", messages=None, sampling=SamplingSpec(), texts=["1 2"]),
     ]
-    assert len({base, *others}) == 8
+    assert len({base, *others}) == 13
+    # A spec without params keys as before there were any (the cache stays valid): the
+    # key the previous release computed for this request.
+    assert base == "75b6fac696ca217715426c56bb789a8b3e9454d354377f51465b61b6b85ae246"
     assert SamplingSpec().reproducible and SamplingSpec(temperature=0.7, seed=1).reproducible
     assert not SamplingSpec(temperature=0.7).reproducible
 

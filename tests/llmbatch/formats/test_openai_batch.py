@@ -49,7 +49,10 @@ def test_body_maps_to_messages_and_sampling() -> None:
     assert custom_id == "a"
     assert messages == [{"role": "user", "content": "hi"}]
     assert (sampling.max_tokens, sampling.temperature, sampling.stop) == (7, 0.5, ["\n"])
-    assert sampling.json_schema == {"type": "object"}
+    # Run by vLLM's own request model in the engine worker, not mapped here.
+    assert sampling.params == {
+        "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}
+    }
 
 
 def test_text_content_parts_are_joined() -> None:
@@ -66,7 +69,6 @@ def test_text_content_parts_are_joined() -> None:
         ({"url": "/v1/responses"}, "not supported"),
         ({"custom_id": None}, "custom_id"),
         ({"body": {"messages": []}}, "non-empty"),
-        ({"body": {"messages": [{"role": "user", "content": "x"}], "n": 2}}, "n other than 1"),
         ({"body": {"messages": [{"role": "user", "content": "x"}], "temperature": 9}}, "sampling"),
     ],
 )
@@ -93,32 +95,52 @@ def test_a_line_for_another_model_is_refused_naming_both_models() -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"frobnicate": 1}, r"body\.frobnicate is not supported; supported: max_completion"),
-        ({"logit_bias": {"50256": -100}}, r"body\.logit_bias=\{'50256': -100\} is not supported"),
-        ({"presence_penalty": 0.5}, r"body\.presence_penalty=0\.5"),
-        ({"stream": True}, r"body\.stream=True"),
-        ({"tools": [{"type": "function"}]}, r"body\.tools is not supported"),
+        ({"stream": True}, r"body\.stream=true is not supported"),
+        ({"tools": [{"type": "function"}]}, r"body\.tools is not supported: .*tool parser"),
+        ({"echo": True}, r"body\.echo=true"),
     ],
 )
-def test_unsupported_body_parameters_are_named_not_dropped(
+def test_what_cannot_run_is_refused_naming_the_parameter(
     body: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(UnsupportedParameter, match=message) as refused:
         parse_request(line(**body), defaults=SamplingSpec(), model="m")
-    # Still an InvalidRequest: the line is dead-lettered under that class.
+    # Still an InvalidRequest: the line is dead-lettered under that class (a 400).
     assert isinstance(refused.value, InvalidRequest)
 
 
-def test_parameters_that_ask_for_nothing_are_accepted() -> None:
+def test_every_other_parameter_travels_to_the_engine_as_given() -> None:
+    given = {
+        "presence_penalty": 0.5, "frequency_penalty": 0.1, "logprobs": True,
+        "top_logprobs": 2, "logit_bias": {"5": -100}, "top_k": 3, "min_p": 0.1,
+        "min_tokens": 2, "repetition_penalty": 1.1, "stop_token_ids": [3],
+        "parallel_tool_calls": True, "n": 2, "frobnicate": 1,
+    }  # fmt: skip
     _, _, sampling = parse_request(
         line(
-            user="u-1", metadata={"k": "v"}, store=False, stream=False, logprobs=False,
-            frequency_penalty=0, presence_penalty=0.0, logit_bias={}, tools=None, n=1,
-            seed=3, top_p=0.5, max_tokens=9, response_format={"type": "text"},
+            **given, user="u-1", metadata={"k": "v"}, store=False, stream=False,
+            service_tier="auto", stream_options={"include_usage": True}, tools=None,
+            seed=3, top_p=0.5, max_tokens=9,
         ),
         defaults=SamplingSpec(), model="m",
     )  # fmt: skip
     assert (sampling.seed, sampling.top_p, sampling.max_tokens) == (3, 0.5, 9)
+    # Bookkeeping and delivery options are dropped; a name vLLM does not know is the
+    # engine worker's to refuse (it checks against vLLM's request models).
+    assert sampling.params == given
+    # n answers need sampling: without a temperature, OpenAI's default.
+    assert sampling.temperature == 1.0
+
+
+def test_a_completions_prompt_may_be_token_ids() -> None:
+    for prompt in ([1, 2, 3], [[1, 2, 3]]):
+        parsed = parse(
+            {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": prompt}},
+            defaults=SamplingSpec(),
+            model="m",
+            endpoint=ApiEndpoint.COMPLETIONS,
+        )
+        assert (parsed.prompt, parsed.prompt_token_ids) == (None, [1, 2, 3])
 
 
 def test_output_and_error_lines_have_the_openai_shape() -> None:
@@ -171,10 +193,10 @@ def test_a_list_of_one_prompt_is_that_prompt() -> None:
 @pytest.mark.parametrize(
     ("prompt", "message"),
     [
-        ([1, 2, 3], "token ids"),
-        ([[1, 2], [3]], "token ids"),
-        (["a", "b"], "exactly one string"),
-        ([], "exactly one string"),
+        ([[1, 2], [3]], "exactly one"),
+        (["a", "b"], "exactly one"),
+        ([1, -2], "exactly one"),
+        ([], "missing"),
         (None, "missing"),
         (7, "missing"),
     ],
@@ -311,8 +333,12 @@ def test_embedding_lines_take_a_string_or_a_list_and_dimensions() -> None:
     defaults = EmbedSpec(normalize=False)
     assert parse_embedding_request(
         embedding_line(model="m", input="hi"), defaults=defaults, model="m"
-    ) == ("e", ["hi"], defaults)
-    _, texts, options = parse_embedding_request(
+    ) == ("e", ["hi"], None, defaults)
+    # Token ids, one list or several, as OpenAI and vLLM take them.
+    for given, ids in (([1, 2], [[1, 2]]), ([[1, 2], [3]], [[1, 2], [3]])):
+        parsed = parse_embedding_request(embedding_line(input=given), defaults=defaults, model="m")
+        assert parsed == ("e", [], ids, defaults)
+    _, texts, _, options = parse_embedding_request(
         embedding_line(input=["a", "b"], dimensions=32, encoding_format="base64"),
         defaults=defaults,
         model="m",
@@ -323,8 +349,9 @@ def test_embedding_lines_take_a_string_or_a_list_and_dimensions() -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"input": [1, 2]}, "token ids"),
-        ({"input": []}, "non-empty list"),
+        ({"input": [[1, 2], []]}, "token ids must be non-empty"),
+        ({"input": ["a", 2]}, "must be a string"),
+        ({"input": []}, "not empty"),
         ({"input": ""}, "empty string"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "x", "dimensions": 0}, "dimensions"),

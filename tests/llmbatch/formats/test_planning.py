@@ -92,13 +92,14 @@ def test_rows_the_head_cannot_settle_are_counted_by_the_plan(tmp_path: Path) -> 
         planning.plan(job(path), info, STORES)
 
 
-def test_openai_input_asking_for_unsupported_parameters_is_refused(tmp_path: Path) -> None:
+def test_openai_input_asking_for_unsupported_parameters_is_left_to_its_lines(
+    tmp_path: Path,
+) -> None:
+    # A parameter that cannot run is its line's 400, never the whole job's failure.
     path = tmp_path / "batch.jsonl"
-    path.write_text(request("a") + "\n" + request("b", frobnicate=True) + "\n")
-    with pytest.raises(
-        planning.InvalidJobSpec, match=rf"^{path} line 2: body\.frobnicate is not supported"
-    ):
-        planning.inspect_inputs(job(path, messages=None), STORES, SETTINGS.render_limits)
+    path.write_text(request("a", stream=True) + "\n" + request("b", frobnicate=True) + "\n")
+    info = planning.inspect_inputs(job(path, messages=None), STORES, SETTINGS.render_limits)
+    assert info.input_format == "openai"
 
 
 def test_openai_lines_with_other_faults_are_left_to_the_dead_letters(tmp_path: Path) -> None:
