@@ -244,12 +244,8 @@ _OBJECT_URI = re.compile(r"\b(?:s3|file)://\S+?(?=[:\s,;)]|$)")
 
 
 def _batch_error(exc: planning.InvalidJobSpec) -> openai_batch.BatchError:
-    """A refused API batch's ``errors.data`` entry: the line and its code when one line
-    is the cause, and no internal object URI either way."""
-    if isinstance(exc, planning.InvalidLine):
-        return openai_batch.BatchError(
-            code=exc.code, message=exc.detail, param=exc.param, line=exc.line
-        )
+    """A refused API batch's ``errors.data`` entry, with no internal object URI (a
+    line's own faults are that line's 400, never the batch's)."""
     return openai_batch.BatchError(
         code=openai_batch.INVALID_REQUEST, message=_OBJECT_URI.sub("the input file", str(exc))
     )

@@ -22,16 +22,6 @@ class InvalidJobSpec(ValueError):
     """The job can never run as given; the message says why."""
 
 
-class InvalidLine(InvalidJobSpec):
-    """The job is refused for one line of its input: its 1-based ``line``, what is
-    wrong (``detail``), and an OpenAI-style ``code`` and ``param``, so an API batch's
-    error names the line and never the object it was read from."""
-
-    def __init__(self, uri: str, line: int, detail: str, *, code: str, param: str | None) -> None:
-        super().__init__(f"{uri} line {line}: {detail}")
-        self.line, self.detail, self.code, self.param = line, detail, code, param
-
-
 @dataclass(frozen=True)
 class InputsInfo:
     objects: list[storage.base.ObjectInfo]
