@@ -11,8 +11,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from llmbatch.cli.cache import _with_pool
-from llmbatch.cli.common import CliError, emit_json, out, run
+from llmbatch.cli.common import CliError, emit_json, out, run, with_pool
 from llmbatch.config import Settings
 
 app = typer.Typer(no_args_is_help=True)
@@ -80,7 +79,7 @@ def add(
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint = run(_with_pool(Settings(), use))
+    endpoint = run(with_pool(Settings(), use))
     out.print(f"endpoint [bold]{endpoint.name}[/bold] added: {_line(endpoint)}", highlight=False)
 
 
@@ -120,7 +119,7 @@ def update(
         except ValidationError as exc:
             raise _invalid(exc) from None
 
-    endpoint = run(_with_pool(Settings(), use))
+    endpoint = run(with_pool(Settings(), use))
     out.print(f"endpoint [bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
 
 
@@ -129,7 +128,7 @@ def list_(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Every endpoint, with its limits and prices."""
     from llmbatch.remote.endpoints import list_endpoints
 
-    endpoints = run(_with_pool(Settings(), list_endpoints))
+    endpoints = run(with_pool(Settings(), list_endpoints))
     if as_json:
         emit_json([e.model_dump(mode="json") for e in endpoints])
         return
@@ -154,7 +153,7 @@ def show(
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, state = run(_with_pool(Settings(), use))
+    endpoint, state = run(with_pool(Settings(), use))
     if as_json:
         emit_json({**endpoint.model_dump(mode="json"), **state.as_dict()})
         return
@@ -173,7 +172,7 @@ def remove(name: Annotated[str, typer.Argument()]) -> None:
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    run(_with_pool(Settings(), use))
+    run(with_pool(Settings(), use))
     out.print(f"endpoint [bold]{name}[/bold] removed")
 
 
