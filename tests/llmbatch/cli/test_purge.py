@@ -36,32 +36,32 @@ ITEM_COLUMNS = (
 )
 
 
-async def ledger_rows(pool: asyncpg.Pool, job: str) -> dict[str, int]:
+async def ledger_rows(db: asyncpg.Pool, job: str) -> dict[str, int]:
     """How many rows of each per-job table the ledger holds for ``job``."""
     counts = {}
     for table in ("items", "dead_letters", "shards", "dedup_leads"):
-        counts[table] = await pool.fetchval(
-            f"SELECT count(*) FROM {table} WHERE job_id = $1",  # noqa: S608 (fixed names)
+        counts[table] = await db.fetchval(
+            f"SELECT count(*) FROM {table} WHERE job_id = $1",
             job,
         )
     return counts
 
 
-async def item_snapshot(pool: asyncpg.Pool, job: str) -> list[dict[str, Any]]:
-    rows = await pool.fetch(
-        f"SELECT {ITEM_COLUMNS} FROM items WHERE job_id = $1 ORDER BY item_id",  # noqa: S608
+async def item_snapshot(db: asyncpg.Pool, job: str) -> list[dict[str, Any]]:
+    rows = await db.fetch(
+        f"SELECT {ITEM_COLUMNS} FROM items WHERE job_id = $1 ORDER BY item_id",
         job,
     )
     return [dict(r) for r in rows]
 
 
-async def held(pool: asyncpg.Pool, job: str) -> list[dict[str, Any]]:
+async def held(db: asyncpg.Pool, job: str) -> list[dict[str, Any]]:
     """The paused job's rows once nothing of it changes any more (requests already in
     the engine finish after the pause)."""
-    before = await item_snapshot(pool, job)
+    before = await item_snapshot(db, job)
     while True:
         await asyncio.sleep(4)
-        now = await item_snapshot(pool, job)
+        now = await item_snapshot(db, job)
         if now == before:
             return now
         before = now
