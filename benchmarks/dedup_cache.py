@@ -77,6 +77,11 @@ def cpu_seconds(pid: int, *, descendants: bool = True) -> float:
     return total / CLOCK_TICKS
 
 
+# Rows per shard (--shard-size; default the job spec's): Temporal's and each step's
+# fixed costs are per shard, so per item they fall as shards grow.
+SHARD_SIZE = JobSpec.model_fields["shard_size"].default
+
+
 async def run_job(
     client: object, settings: Settings, model: str, data_uri: str, *, cache: bool
 ) -> tuple[JobSummary, float]:
@@ -85,7 +90,7 @@ async def run_job(
         inputs=[data_uri],
         model=model,
         output_uri=f"s3://{settings.s3_bucket}/bench-out",
-        shard_size=1000,
+        shard_size=SHARD_SIZE,
         max_concurrent_shards=4,
         cache=cache,
     )
@@ -197,16 +202,19 @@ async def llm_batch(
 
 
 def main() -> None:
+    global SHARD_SIZE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=20, help="times each request appears")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--model", help="model path; default the tiny local model")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of each llm-batch job")
+    parser.add_argument("--shard-size", type=int, default=SHARD_SIZE, help="rows per shard")
     parser.add_argument(
         "--profile", type=Path, help="record the workers with py-spy in one more cached round"
     )
     args = parser.parse_args()
+    SHARD_SIZE = args.shard_size
 
     work = Path(tempfile.mkdtemp(prefix="llmbatch-dedup-bench-"))
     settings = isolated_settings(work / "stack")
@@ -237,7 +245,8 @@ def main() -> None:
     peer, dedup = n / peer_s, n / float(ours["dedup_s"])  # type: ignore[arg-type]
     cached = n / float(ours["cached_s"])  # type: ignore[arg-type]
     print(f"\n{n} requests ({n // args.repeat} distinct), {args.max_tokens} max tokens, "
-          f"medians of {args.repeats} llm-batch rounds, load now {load()}:")  # fmt: skip
+          f"{args.shard_size} rows per shard, medians of {args.repeats} llm-batch rounds, "
+          f"load now {load()}:")  # fmt: skip
     print(f"  run-batch               {peer:8.1f} items/s")
     print(f"  llm-batch dedup         {dedup:8.1f} items/s   {dedup / peer:5.2f}x run-batch "
           f"({ours['dedup_requests']} engine requests)")  # fmt: skip

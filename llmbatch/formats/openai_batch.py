@@ -115,6 +115,7 @@ def parse(
     defaults: SamplingSpec,
     model: str,
     endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
+    samplings: dict[str, SamplingSpec] | None = None,
 ) -> ParsedRequest:
     """Map one batch line of a job on ``model`` whose requests go to ``endpoint``
     (a plain job's: chat completions) to a request; raise InvalidRequest.
@@ -122,6 +123,10 @@ def parse(
     A line may leave ``body.model`` out (the job's model runs it); a line naming
     another model is refused, never run on the job's: its caller asked for that model.
     A /v1/completions line's prompt runs as given, without a chat template.
+
+    ``samplings``, kept by a caller across the lines of one file with the same
+    ``defaults``, holds the sampling of each set of sampling fields seen: lines that
+    ask the same get the same (unchanged) object, validated once.
     """
     custom_id, body = _line(line, endpoint)
     _check_model(body.get("model"), model)
@@ -133,13 +138,37 @@ def parse(
         if body.get("max_tokens") is None:
             body = {**body, "max_tokens": COMPLETIONS_DEFAULT_MAX_TOKENS}
         return ParsedRequest(
-            custom_id=custom_id, sampling=_sampling(body, defaults), prompt=_prompt(body)
+            custom_id=custom_id,
+            sampling=_sampling_of(body, defaults, samplings),
+            prompt=_prompt(body),
         )
     return ParsedRequest(
         custom_id=custom_id,
-        sampling=_sampling(body, defaults),
+        sampling=_sampling_of(body, defaults, samplings),
         messages=_messages(body.get("messages")),
     )
+
+
+# The body fields _sampling reads: lines equal in these get equal samplings.
+_SAMPLING_FIELDS = (
+    "temperature", "top_p", "seed", "max_completion_tokens", "max_tokens", "stop",
+    "response_format",
+)  # fmt: skip
+
+
+def _sampling_of(
+    body: dict[str, Any], defaults: SamplingSpec, samplings: dict[str, SamplingSpec] | None
+) -> SamplingSpec:
+    if samplings is None:
+        return _sampling(body, defaults)
+    try:
+        key = json.dumps([body.get(f) for f in _SAMPLING_FIELDS], sort_keys=True)
+    except (TypeError, ValueError):  # not plain JSON values: no shortcut
+        return _sampling(body, defaults)
+    sampling = samplings.get(key)
+    if sampling is None:
+        sampling = samplings[key] = _sampling(body, defaults)
+    return sampling
 
 
 def _prompt(body: dict[str, Any]) -> str:
