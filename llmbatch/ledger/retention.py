@@ -29,18 +29,37 @@ PURGE_BATCH = 10_000
 FINAL = [str(s) for s in FINAL_JOB_STATES]
 UNFINISHED = [str(ItemStatus.PENDING), str(ItemStatus.RUNNING)]
 
-# One statement per table, each a batch of the job's rows found through the primary
-# key's leading job_id (table names cannot be bound parameters, so they are spelled out).
+# One statement per table, each a batch of the job's rows walked in the order of the
+# primary key (job_id, key) from where the last batch ended, then deleted by their
+# tuple ids (a TID scan): neither half depends on what the planner believes of the
+# job, whose rows may be newer than the table's statistics. Measured beside 400,000
+# rows of another job with stale statistics: deleting by key (= ANY of the batch)
+# chose another index of the job and filtered each row against the whole batch, 7.2 s
+# for 10,000 rows; a LIMIT without the ORDER BY scanned the table from its start.
+# Tuple ids are exact here: the statement's snapshot keeps them from being reused,
+# and a finished job's rows do not change. Table names cannot be bound parameters, so
+# they are spelled out; each key starts below every real one (ids are never empty).
 _DELETE_BATCH = {
-    table: f"DELETE FROM {table} WHERE job_id = $1 AND {key} = ANY(ARRAY("
-    f"SELECT {key} FROM {table} WHERE job_id = $1 LIMIT $2))"
-    for table, key in (
-        ("items", "item_id"),
-        ("dead_letters", "item_id"),
-        ("shards", "shard"),
-        ("dedup_leads", "request_key"),
+    table: f"""
+    WITH batch AS MATERIALIZED (
+        SELECT ctid AS tid, {key} AS key FROM {table}
+        WHERE job_id = $1 AND {key} > $2::{kind}
+        ORDER BY job_id, {key} LIMIT $3
+    ), gone AS (
+        DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT tid FROM batch))
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone) AS count, (SELECT count(*) FROM batch) AS walked,
+           (SELECT max(key) FROM batch) AS last
+    """
+    for table, key, kind in (
+        ("items", "item_id", "text"),
+        ("dead_letters", "item_id", "text"),
+        ("shards", "shard", "int"),
+        ("dedup_leads", "request_key", "text"),
     )
 }
+_FIRST_KEY: dict[str, object] = {"items": "", "dead_letters": "", "shards": -1, "dedup_leads": ""}
 
 
 class NotPurgeable(Exception):
@@ -89,7 +108,7 @@ async def purge_job(pool: Database, *, job_id: str, batch_size: int = PURGE_BATC
         if job["purge_started_at"] is None:
             await conn.execute("UPDATE jobs SET purge_started_at = now() WHERE job_id = $1", job_id)
     counts = {
-        table: await _delete_all(pool, sql, job_id, batch_size)
+        table: await _delete_all(pool, sql, job_id, _FIRST_KEY[table], batch_size)
         for table, sql in _DELETE_BATCH.items()
     }
     await pool.execute(
@@ -119,26 +138,29 @@ async def _hold_purgeable(conn: asyncpg.Connection, job_id: str) -> asyncpg.Reco
     if job["purge_started_at"] is None:
         # Items pending or running since the job ended belong to a re-drive (a cancel's
         # leftovers were released before the end was recorded).
+        # Walked in the primary key's order, so it stays on the job's rows in the index.
         redriven = await conn.fetchval(
-            "SELECT count(*) FROM items WHERE job_id = $1 AND status = ANY($2::text[]) "
-            "AND updated_at > coalesce($3, '-infinity'::timestamptz)",
+            "SELECT item_id FROM items WHERE job_id = $1 AND status = ANY($2::text[]) "
+            "AND updated_at > coalesce($3, '-infinity'::timestamptz) "
+            "ORDER BY job_id, item_id LIMIT 1",
             job_id,
             UNFINISHED,
             job["finished_at"],
         )
-        if redriven:
+        if redriven is not None:
             raise NotPurgeable(
-                f"job {job_id!r} has {redriven} items in a dead-letter re-drive: "
-                "purge it once the re-drive is done"
+                f"job {job_id!r} has items in a dead-letter re-drive (item {redriven!r} "
+                "among them): purge it once the re-drive is done"
             )
     return job
 
 
-async def _delete_all(pool: Database, sql: str, job_id: str, batch_size: int) -> int:
-    deleted = 0
+async def _delete_all(pool: Database, sql: str, job_id: str, first: object, batch_size: int) -> int:
+    deleted, last = 0, first
     while True:
-        status = await pool.execute(sql, job_id, batch_size)
-        count = int(status.rsplit(" ", 1)[1])
-        deleted += count
-        if count < batch_size:
+        row = await pool.fetchrow(sql, job_id, last, batch_size)
+        assert row is not None
+        deleted += row["count"]
+        if row["walked"] < batch_size:  # the walk reached the job's end
             return deleted
+        last = row["last"]
