@@ -11,7 +11,7 @@ from activities.context import ActivityContext
 from llmbatch import ledger, telemetry
 from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
-from llmbatch.contract.spec import InputFormat, JobSpec, Task
+from llmbatch.contract.spec import InputFormat, JobSpec, SamplingSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.dedup.keys import request_key
 from llmbatch.formats import openai_batch
@@ -146,6 +146,17 @@ def _render(
     default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
     dead: list[ledger.items.DeadItem] = []
+    # Lines asking the same sampling share one object (openai_batch.parse), so whether
+    # it is the job's own is worked out once per object, not once per row.
+    samplings: dict[str, SamplingSpec] = {}
+    own: dict[int, tuple[SamplingSpec, bool]] = {}
+
+    def staged_sampling(sampling: SamplingSpec) -> SamplingSpec | None:
+        """None stands for the job's own sampling: not repeated on every staged row."""
+        known = own.get(id(sampling))
+        if known is None or known[0] is not sampling:
+            known = own[id(sampling)] = (sampling, sampling == spec.sampling)
+        return None if known[1] else sampling
 
     def fail(row: StagedRow, error_class: ErrorClass, message: str) -> None:
         dead.append(
@@ -174,6 +185,7 @@ def _render(
                     defaults=spec.sampling,
                     model=spec.model,
                     endpoint=spec.endpoint,
+                    samplings=samplings,
                 )
             except openai_batch.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
@@ -194,8 +206,7 @@ def _render(
             messages=messages,
             prompt=prompt,
             prompt_token_ids=prompt_ids,
-            # None stands for the job's own sampling: not repeated on every staged row.
-            sampling=None if sampling == spec.sampling else sampling,
+            sampling=staged_sampling(sampling),
         )
     return requests, dead
 
@@ -283,5 +294,6 @@ def _hashes(
             embedding=request.embedding
             or (spec.embed_options if request.texts or request.token_ids else None),
         )
+        request.key = key  # staged with the request: generate groups by it
         out.append((row, key))
     return out

@@ -8,19 +8,28 @@ excluded for all) and their ratios, and for the cached job, which needs no engin
 work at all, the CPU time per item of each process of llm-batch's control plane:
 the CPU worker, the GPU worker's own process (not its engine's), Postgres,
 Temporal and the object store, from /proc/<pid>/stat before and after the job
-(each process with its descendants).
+(each process with its descendants). The llm-batch jobs run ``--repeats`` times and
+the figures are medians; each line says the machine's load. ``--profile DIR`` records
+the CPU and GPU workers with py-spy (collapsed stacks) in one more cached round.
 
     .venv/bin/python benchmarks/dedup_cache.py --requests 20000 --repeat 20
+    .venv/bin/python benchmarks/dedup_cache.py --requests 20000 --repeat 20 --profile prof/
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import shutil
+import signal
+import statistics
+import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -68,6 +77,11 @@ def cpu_seconds(pid: int, *, descendants: bool = True) -> float:
     return total / CLOCK_TICKS
 
 
+# Rows per shard (--shard-size; default the job spec's): Temporal's and each step's
+# fixed costs are per shard, so per item they fall as shards grow.
+SHARD_SIZE = JobSpec.model_fields["shard_size"].default
+
+
 async def run_job(
     client: object, settings: Settings, model: str, data_uri: str, *, cache: bool
 ) -> tuple[JobSummary, float]:
@@ -76,7 +90,7 @@ async def run_job(
         inputs=[data_uri],
         model=model,
         output_uri=f"s3://{settings.s3_bucket}/bench-out",
-        shard_size=1000,
+        shard_size=SHARD_SIZE,
         max_concurrent_shards=4,
         cache=cache,
     )
@@ -86,8 +100,48 @@ async def run_job(
     return summary, time.monotonic() - started
 
 
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): other work skews every figure."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@contextlib.contextmanager
+def profiled(watched: dict[str, tuple[int, bool]], out: Path | None) -> Iterator[None]:
+    """py-spy records each watched Python process (collapsed stacks, one file each)
+    while the block runs; nothing when ``out`` is None."""
+    if out is None:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for name, (pid, descendants) in watched.items():
+        path = out / (name.split()[0] + ".txt")
+        cmd = [shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--format", "raw",
+               "--rate", "200", "--nonblocking", "--output", str(path)]  # fmt: skip
+        if descendants:
+            cmd.append("--subprocesses")
+        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for spy in spies:
+            spy.wait(timeout=60)
+        print(f"  py-spy profiles in {out}", flush=True)
+
+
 async def llm_batch(
-    settings: Settings, model: str, data_uri: str, n: int, log_dir: Path, parts: dict[str, int]
+    settings: Settings,
+    model: str,
+    data_uri: str,
+    n: int,
+    log_dir: Path,
+    parts: dict[str, int],
+    *,
+    repeats: int,
+    profile: Path | None,
 ) -> dict[str, object]:
     client = await connect(settings)
     with worker_processes(settings, model, log_dir=log_dir, gpu_args=list(ENGINE_ARGS)) as procs:
@@ -97,36 +151,70 @@ async def llm_batch(
             procs=procs,
             within_s=900,
         )
-        dedup, dedup_s = await run_job(client, settings, model, data_uri, cache=False)
-        assert dedup.items_succeeded == n, dedup
-        print(f"  llm-batch dedup: {dedup_s:.1f} s, {dedup.usage.describe()}", flush=True)
         cpu, gpu = procs
         watched = {"cpu worker": (cpu.pid, True), "gpu worker (own process)": (gpu.pid, False)}
         watched |= {name: (pid, True) for name, pid in parts.items()}
-        before = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
-        engine_before = cpu_seconds(gpu.pid) - before["gpu worker (own process)"]
-        cached, cached_s = await run_job(client, settings, model, data_uri, cache=True)
-        after = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
-        engine_after = cpu_seconds(gpu.pid) - after["gpu worker (own process)"]
-        assert cached.items_succeeded == n, cached
-        print(f"  llm-batch cached: {cached_s:.1f} s, {cached.usage.describe()}", flush=True)
+        dedup_runs: list[float] = []
+        dedup_requests = 0
+        for _ in range(repeats):
+            dedup, dedup_s = await run_job(client, settings, model, data_uri, cache=False)
+            assert dedup.items_succeeded == n, dedup
+            dedup_runs.append(dedup_s)
+            dedup_requests = dedup.usage.engine_requests
+            print(f"  llm-batch dedup: {dedup_s:.1f} s, {dedup.usage.describe()} "
+                  f"(load {load()})", flush=True)  # fmt: skip
+        cached_runs: list[float] = []
+        split_runs: list[dict[str, float]] = []
+        engine_runs: list[float] = []
+        cached_requests = 0
+        # The first cached run fills the cache (the dedup jobs did not write to it);
+        # the measured ones after it are answered from it alone.
+        await run_job(client, settings, model, data_uri, cache=True)
+        for round_ in range(repeats + (profile is not None)):
+            # The profiled round comes last and is not among the figures: py-spy
+            # takes CPU of its own while it samples.
+            spy = profile if round_ == repeats else None
+            before = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
+            engine_before = cpu_seconds(gpu.pid) - before["gpu worker (own process)"]
+            with profiled({k: v for k, v in watched.items() if "worker" in k}, spy):
+                cached, cached_s = await run_job(client, settings, model, data_uri, cache=True)
+            after = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
+            engine_after = cpu_seconds(gpu.pid) - after["gpu worker (own process)"]
+            assert cached.items_succeeded == n, cached
+            split = {k: (after[k] - before[k]) * 1000.0 / n for k in watched}
+            print(f"  llm-batch cached: {cached_s:.1f} s, {cached.usage.describe()}, "
+                  f"{sum(split.values()):.3f} CPU-ms per item (load {load()})"
+                  + (" [profiled]" if spy else ""), flush=True)  # fmt: skip
+            if spy is None:
+                cached_runs.append(cached_s)
+                split_runs.append(split)
+                engine_runs.append((engine_after - engine_before) * 1000.0 / n)
+                cached_requests = cached.usage.engine_requests
     return {
-        "dedup_s": dedup_s,
-        "cached_s": cached_s,
-        "cached_requests": cached.usage.engine_requests,
-        "dedup_requests": dedup.usage.engine_requests,
-        "cpu_ms_per_item": {k: (after[k] - before[k]) * 1000.0 / n for k in watched},
-        "engine_cpu_ms_per_item": (engine_after - engine_before) * 1000.0 / n,
+        "dedup_s": statistics.median(dedup_runs),
+        "cached_s": statistics.median(cached_runs),
+        "cached_requests": cached_requests,
+        "dedup_requests": dedup_requests,
+        "cpu_ms_per_item": {k: statistics.median(r[k] for r in split_runs) for k in watched},
+        "cpu_ms_total": statistics.median(sum(r.values()) for r in split_runs),
+        "engine_cpu_ms_per_item": statistics.median(engine_runs),
     }
 
 
 def main() -> None:
+    global SHARD_SIZE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=20, help="times each request appears")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--model", help="model path; default the tiny local model")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of each llm-batch job")
+    parser.add_argument("--shard-size", type=int, default=SHARD_SIZE, help="rows per shard")
+    parser.add_argument(
+        "--profile", type=Path, help="record the workers with py-spy in one more cached round"
+    )
     args = parser.parse_args()
+    SHARD_SIZE = args.shard_size
 
     work = Path(tempfile.mkdtemp(prefix="llmbatch-dedup-bench-"))
     settings = isolated_settings(work / "stack")
@@ -144,23 +232,31 @@ def main() -> None:
 
         print(f"{n} requests, each distinct one {args.repeat} times", flush=True)
         peer_s = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS).batch_s
-        ours = asyncio.run(llm_batch(settings, model, data_uri, n, work / "logs", parts))
+        print(f"  run-batch: {peer_s:.1f} s (load {load()})", flush=True)
+        ours = asyncio.run(
+            llm_batch(
+                settings, model, data_uri, n, work / "logs", parts,
+                repeats=args.repeats, profile=args.profile,
+            )
+        )  # fmt: skip
     finally:
         dev.down()
 
     peer, dedup = n / peer_s, n / float(ours["dedup_s"])  # type: ignore[arg-type]
     cached = n / float(ours["cached_s"])  # type: ignore[arg-type]
-    print(f"\n{n} requests ({n // args.repeat} distinct), {args.max_tokens} max tokens, one run:")
+    print(f"\n{n} requests ({n // args.repeat} distinct), {args.max_tokens} max tokens, "
+          f"{args.shard_size} rows per shard, medians of {args.repeats} llm-batch rounds, "
+          f"load now {load()}:")  # fmt: skip
     print(f"  run-batch               {peer:8.1f} items/s")
     print(f"  llm-batch dedup         {dedup:8.1f} items/s   {dedup / peer:5.2f}x run-batch "
           f"({ours['dedup_requests']} engine requests)")  # fmt: skip
     print(f"  llm-batch cached re-run {cached:8.1f} items/s   {cached / peer:5.2f}x run-batch "
           f"({ours['cached_requests']} engine requests)")  # fmt: skip
-    print("  CPU ms per item of the cached re-run:")
+    print("  CPU ms per item of the cached re-run (median of each):")
     per_item: dict[str, float] = ours["cpu_ms_per_item"]  # type: ignore[assignment]
     for name, ms in per_item.items():
         print(f"    {name:28s} {ms:7.3f}")
-    print(f"    {'total':28s} {sum(per_item.values()):7.3f}")
+    print(f"    {'total (median of sums)':28s} {float(ours['cpu_ms_total']):7.3f}")  # type: ignore[arg-type]
     print(f"    (the GPU worker's idle engine processes: {ours['engine_cpu_ms_per_item']:.3f})")
 
 

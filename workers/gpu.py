@@ -35,7 +35,7 @@ from llmbatch.engine.vllm_engine import Engine
 from llmbatch.ledger.served_models import advertised
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
-from workers.startup import ColdStart, clear_ready, mark_ready
+from workers.startup import ColdStart, clear_ready, freeze_startup_objects, mark_ready
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ async def run_gpu_worker(
     cold.phase("imports and service checks")
     engine = await Engine.start(options.for_task(task))
     cold.phase("engine load (weights, compile, graph capture, KV cache)")
+    freeze_startup_objects()
     dead = asyncio.Event()
 
     def engine_died(exc: BaseException) -> None:

@@ -3,44 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Awaitable, Callable
-from datetime import timedelta
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 
-from llmbatch.cli.common import CliError, emit_json, fail, out, run
+from llmbatch.cli.common import emit_json, fail, out, parse_age, run, with_pool
 from llmbatch.config import Settings
 from llmbatch.contract.names import model_identity
 
 app = typer.Typer(no_args_is_help=True)
-
-T = TypeVar("T")
-
-_AGE = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_age(text: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``2w``, ``45s`` as a duration."""
-    match = _AGE.match(text)
-    if match is None:
-        raise ValueError(f"--older-than {text!r} is not an age like 30d, 12h, 90m, 2w")
-    return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
-
-
-async def _with_pool(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> T:
-    from llmbatch import ledger
-
-    try:
-        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=2)
-    except OSError as exc:
-        raise CliError(f"cannot reach Postgres: {exc}") from None
-    try:
-        return await use(pool)
-    finally:
-        await pool.close()
 
 
 @app.command("stats")
@@ -48,7 +19,7 @@ def stats(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Entries, hits and age of the result cache, per model and weights."""
     from llmbatch.dedup import result_cache
 
-    rows = run(_with_pool(Settings(), result_cache.stats))
+    rows = run(with_pool(Settings(), result_cache.stats))
     if as_json:
         emit_json([dataclasses.asdict(r) for r in rows])
         return
@@ -80,7 +51,7 @@ def purge(
         raise fail(str(exc)) from None
     name = model_identity(model) if model is not None else None
     deleted = run(
-        _with_pool(Settings(), lambda pool: result_cache.purge(pool, older_than=age, model=name))
+        with_pool(Settings(), lambda pool: result_cache.purge(pool, older_than=age, model=name))
     )
     if as_json:
         emit_json({"deleted": deleted})

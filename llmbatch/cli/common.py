@@ -16,8 +16,11 @@ import asyncio
 import atexit
 import json
 import os
+import re
 import sys
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -82,6 +85,34 @@ def run(coro: Any) -> Any:
     except RPCError as exc:
         # The server answered, but not as expected (unavailable, permission, ...).
         raise fail(f"Temporal refused the call: {exc.message or exc}") from None
+
+
+_AGE = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+T = TypeVar("T")
+
+
+def parse_age(text: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``2w``, ``45s`` as a duration (``--older-than``)."""
+    match = _AGE.match(text)
+    if match is None:
+        raise ValueError(f"--older-than {text!r} is not an age like 30d, 12h, 90m, 2w")
+    return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
+
+
+async def with_pool(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``use`` with a small ledger pool (commands that read or write Postgres)."""
+    from llmbatch import ledger
+
+    try:
+        pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=2)
+    except OSError as exc:
+        raise CliError(f"cannot reach Postgres: {exc}") from None
+    try:
+        return await use(pool)
+    finally:
+        await pool.close()
 
 
 def job_url(settings: Settings, job_id: str) -> str:

@@ -11,8 +11,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from llmbatch.cli.cache import _with_pool
-from llmbatch.cli.common import CliError, emit_json, out, run
+from llmbatch.cli.common import CliError, emit_json, out, run, with_pool
 from llmbatch.config import Settings
 
 app = typer.Typer(no_args_is_help=True)
@@ -98,7 +97,7 @@ def add(
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, served = run(_with_pool(Settings(), use))
+    endpoint, served = run(with_pool(Settings(), use))
     out.print(
         f"endpoint [bold]{endpoint.name}[/bold] added: {_line(endpoint, served)}", highlight=False
     )
@@ -146,7 +145,7 @@ def update(
         except ValidationError as exc:
             raise _invalid(exc) from None
 
-    endpoint, served = run(_with_pool(Settings(), use))
+    endpoint, served = run(with_pool(Settings(), use))
     out.print(f"endpoint [bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
 
 
@@ -158,7 +157,7 @@ def list_(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     async def use(pool: Any) -> Any:
         return [(e, await _served(pool, e.name)) for e in await list_endpoints(pool)]
 
-    endpoints = run(_with_pool(Settings(), use))
+    endpoints = run(with_pool(Settings(), use))
     if as_json:
         emit_json([{**e.model_dump(mode="json"), "serves": served} for e, served in endpoints])
         return
@@ -184,7 +183,7 @@ def show(
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, served, state = run(_with_pool(Settings(), use))
+    endpoint, served, state = run(with_pool(Settings(), use))
     if as_json:
         emit_json({**endpoint.model_dump(mode="json"), "serves": served, **state.as_dict()})
         return
@@ -203,7 +202,7 @@ def remove(name: Annotated[str, typer.Argument()]) -> None:
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    run(_with_pool(Settings(), use))
+    run(with_pool(Settings(), use))
     out.print(f"endpoint [bold]{name}[/bold] removed")
 
 

@@ -18,6 +18,7 @@ from llmbatch.cli import (
     endpoints,
     jobs,
     migrate,
+    purge,
     queues,
     schedules,
     worker,
@@ -60,6 +61,7 @@ app.add_typer(
 )
 app.add_typer(cache.app, name="cache", help="The result cache across jobs: stats, purge.")
 app.command("migrate")(migrate.migrate_command)
+app.command("purge")(purge.purge)
 app.command("demo")(demo.demo)
 app.command("queues")(queues.queues)
 app.command("codec-server")(codec.codec_server)

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 
 class JobState(enum.StrEnum):
-    """Where a job is. The last five are final."""
+    """Where a job is. Those of :data:`FINAL_JOB_STATES` are final."""
 
     PLANNING = "planning"
     RUNNING = "running"
@@ -25,6 +25,17 @@ class JobState(enum.StrEnum):
     # Its deadline (an OpenAI batch's completion window) passed before it finished:
     # unfinished items stopped, finished ones are kept.
     EXPIRED = "expired"
+
+
+#: A job in one of these states runs no more (but for a dead-letter re-drive of its
+#: dead items); its ledger rows may be purged (``llm-batch purge``).
+FINAL_JOB_STATES: tuple[JobState, ...] = (
+    JobState.SUCCEEDED,
+    JobState.COMPLETED_WITH_ERRORS,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.EXPIRED,
+)
 
 
 class BatchStatus(enum.StrEnum):

@@ -47,9 +47,12 @@ def group_requests(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> 
     by_key: dict[str, Group] = {}
     for request in todo:
         sampling = request.effective_sampling(spec)
-        if spec.task is Task.EMBED:
+        if request.key is not None and (spec.task is Task.EMBED or sampling.reproducible):
+            # Worked out at render, for the ledger's prompt_hash, from the same fields.
+            key: str | None = request.key
+        elif spec.task is Task.EMBED:
             # An embedding is a function of its texts and options: always reproducible.
-            key: str | None = request_key(
+            key = request_key(
                 model=spec.model,
                 messages=None,
                 sampling=spec.sampling,

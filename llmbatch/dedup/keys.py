@@ -50,19 +50,36 @@ def request_key(
     if texts is not None or token_ids is not None:
         options = embedding.model_dump(mode="json") if embedding else None
         what = ["embed", texts, options] if token_ids is None else ["embed_ids", token_ids, options]
-    body = json.dumps(
-        # Without params, the sampling dumps as it did before there were any: keys (and
-        # the result cache) stay valid across the upgrade.
-        [
-            model_identity(model),
-            *what,
-            sampling.model_dump(mode="json", exclude=None if sampling.params else {"params"}),
-        ],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    # The JSON of [model, *what, sampling] with the sampling's part spliced in (the
+    # same text as dumping the whole list): most requests of a job share one sampling
+    # object, so its dump is worked out once, not once per request.
+    head = _dumps([model_identity(model), *what])
+    body = f"{head[:-1]},{_sampling_json(sampling)}]"
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# id -> (the sampling object, its JSON). The object is held, so its id is not reused
+# while the entry lives; sampling objects are never changed once made (with_overrides
+# makes a new one). Cleared when full: a job has a handful, an OpenAI file maybe more.
+_SAMPLING_JSON: dict[int, tuple[SamplingSpec, str]] = {}
+_SAMPLING_JSON_ENTRIES = 1024
+
+
+def _sampling_json(sampling: SamplingSpec) -> str:
+    hit = _SAMPLING_JSON.get(id(sampling))
+    if hit is not None and hit[0] is sampling:
+        return hit[1]
+    # Without params, the sampling dumps as it did before there were any: keys (and
+    # the result cache) stay valid across the upgrade.
+    text = _dumps(sampling.model_dump(mode="json", exclude=None if sampling.params else {"params"}))
+    if len(_SAMPLING_JSON) >= _SAMPLING_JSON_ENTRIES:
+        _SAMPLING_JSON.clear()
+    _SAMPLING_JSON[id(sampling)] = (sampling, text)
+    return text
 
 
 def cache_key(request: str, weights: str, *, scope: str | None = None) -> str:

@@ -114,6 +114,7 @@ def parse(
     defaults: SamplingSpec,
     model: str,
     endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
+    samplings: dict[str, SamplingSpec] | None = None,
 ) -> ParsedRequest:
     """Map one batch line of a job on ``model`` whose requests go to ``endpoint``
     (a plain job's: chat completions) to a request; raise InvalidRequest.
@@ -127,6 +128,10 @@ def parse(
     engine worker, which builds the request with vLLM's own request model (a name or
     value vLLM refuses is then that item's InvalidRequest). Only what cannot run at all
     (:data:`ONLY_VALUES`) is refused here.
+
+    ``samplings``, kept by a caller across the lines of one file with the same
+    ``defaults``, holds the sampling of each set of sampling fields seen: lines that
+    ask the same get the same (unchanged) object, validated once.
     """
     custom_id, body = _line(line, endpoint)
     _check_model(body.get("model"), model)
@@ -143,15 +148,33 @@ def parse(
         text, ids = _prompt(body)
         return ParsedRequest(
             custom_id=custom_id,
-            sampling=_sampling(body, defaults),
+            sampling=_sampling_of(body, defaults, samplings),
             prompt=text,
             prompt_token_ids=ids,
         )
     return ParsedRequest(
         custom_id=custom_id,
-        sampling=_sampling(body, defaults),
+        sampling=_sampling_of(body, defaults, samplings),
         messages=_messages(body.get("messages")),
     )
+
+
+def _sampling_of(
+    body: dict[str, Any], defaults: SamplingSpec, samplings: dict[str, SamplingSpec] | None
+) -> SamplingSpec:
+    if samplings is None:
+        return _sampling(body, defaults)
+    try:
+        # Every body field _sampling reads: all but the prompt's and the model's.
+        key = json.dumps(
+            {k: v for k, v in body.items() if k not in NOT_SAMPLING_PARAMS}, sort_keys=True
+        )
+    except (TypeError, ValueError):  # not plain JSON values: no shortcut
+        return _sampling(body, defaults)
+    sampling = samplings.get(key)
+    if sampling is None:
+        sampling = samplings[key] = _sampling(body, defaults)
+    return sampling
 
 
 def _prompt(body: dict[str, Any]) -> tuple[str | None, list[int] | None]:

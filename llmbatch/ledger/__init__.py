@@ -1,16 +1,15 @@
 """The ledger: everything llm-batch keeps in Postgres about jobs and their items.
 
-Owns the SQL of the tables of ``migrations/`` but dedup leads (``llmbatch.dedup.leads``),
-the result cache (``llmbatch.dedup.result_cache``) and remote endpoints' registry,
-budgets and figures (``llmbatch.remote``): ``db`` (pool, transaction),
-``items`` (register, claim, record, release: the item state machine of
+Owns the SQL of the tables of ``migrations/`` but dedup leads
+(``llmbatch.dedup.leads``), the result cache (``llmbatch.dedup.result_cache``) and
+remote endpoints' registry, budgets and figures (``llmbatch.remote``): ``db`` (pool,
+transaction), ``items`` (register, claim, record, release: the item state machine of
 :data:`llmbatch.contract.states.ITEM_TRANSITIONS`), ``jobs`` (a job's row, plan and
 counts), ``dead_letters`` (dead items and the re-drive), ``usage`` (engine time and
-cost), ``api_records`` (the OpenAI Batch API's keys, files and batches) with ``api_layout``
-(their ids and object keys),
-``served_models`` (which models GPU workers serve), ``backlog`` (unfinished items
-by model and task, for autoscaling) and ``migrate`` (applying
-``migrations/``).
+cost), ``retention`` (purging finished jobs' rows), ``api_records`` (the OpenAI Batch
+API's keys, files and batches) with ``api_layout`` (their ids and object keys),
+``served_models`` (which models GPU workers serve), ``backlog`` (unfinished items by
+model and task, for autoscaling) and ``migrate`` (applying ``migrations/``).
 
 Plain async functions with set-based SQL, bound parameters, and fencing in the WHERE
 clause. May import: ``llmbatch.contract`` and asyncpg, nothing else of llmbatch
@@ -20,6 +19,6 @@ Callers write ``from llmbatch import ledger`` and ``ledger.items.claim_items(...
 the submodules are imported here so each call names the part of the ledger it uses.
 """
 
-from llmbatch.ledger import api_records, db, dead_letters, items, jobs, usage
+from llmbatch.ledger import api_records, db, dead_letters, items, jobs, retention, usage
 
-__all__ = ["api_records", "db", "dead_letters", "items", "jobs", "usage"]
+__all__ = ["api_records", "db", "dead_letters", "items", "jobs", "retention", "usage"]

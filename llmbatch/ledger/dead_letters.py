@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import asyncpg
+
 from llmbatch.contract.dead_letters import DeadLetterEntry
 from llmbatch.contract.messages import ShardCounts, TokenCounts
 from llmbatch.contract.states import (
@@ -56,7 +58,27 @@ async def requeue_dead(
     """
     if item_ids is not None and not item_ids and not error_classes:
         return Requeued(item_ids=[], shards=[])
-    rows = await pool.fetch(
+    async with transaction(pool) as conn:
+        # The job's row lock orders this against a purge (llmbatch.ledger.retention):
+        # a purged job's rows are gone or going, and nothing of it runs again.
+        purging = await conn.fetchval(
+            "SELECT purge_started_at IS NOT NULL FROM jobs WHERE job_id = $1 FOR SHARE", job_id
+        )
+        if purging:
+            return Requeued(item_ids=[], shards=[])
+        rows = await _requeue(conn, job_id, item_ids, error_classes)
+    return Requeued(
+        item_ids=[r["item_id"] for r in rows], shards=sorted({r["shard"] for r in rows})
+    )
+
+
+async def _requeue(
+    conn: Database,
+    job_id: str,
+    item_ids: Sequence[str] | None,
+    error_classes: Sequence[ErrorClass] | None,
+) -> list[asyncpg.Record]:
+    return await conn.fetch(
         """
         WITH requeued AS (
             UPDATE items SET status = $4, lease_owner = NULL, error_class = NULL,
@@ -78,9 +100,6 @@ async def requeue_dead(
         None if error_classes is None else list(error_classes),
         ItemStatus.PENDING,
         ItemStatus.DEAD,
-    )
-    return Requeued(
-        item_ids=[r["item_id"] for r in rows], shards=sorted({r["shard"] for r in rows})
     )
 
 

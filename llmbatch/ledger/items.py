@@ -207,7 +207,7 @@ async def record_results(
         job_id,
         lease_owner,
         [r.item_id for r in results],
-        [json.dumps(r.result) for r in results],
+        _result_texts(results),
         [r.prompt_tokens for r in results],
         [r.completion_tokens for r in results],
         [r.latency_ms for r in results],
@@ -217,6 +217,19 @@ async def record_results(
         [r.shared_with for r in results],
     )
     return int(status.rsplit(" ", 1)[1])
+
+
+def _result_texts(results: Sequence[ItemResult]) -> list[str]:
+    """Each result as JSON text; a result shared by many items (a dedup group, a cache
+    hit) is one object, encoded once."""
+    texts: dict[int, str] = {}
+    out = []
+    for r in results:
+        text = texts.get(id(r.result))
+        if text is None:
+            text = texts[id(r.result)] = json.dumps(r.result)
+        out.append(text)
+    return out
 
 
 async def record_dead(

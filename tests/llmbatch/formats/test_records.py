@@ -30,5 +30,9 @@ def test_staged_request_keeps_its_sampling() -> None:
             sampling=SamplingSpec(choice=["a", "b"], max_tokens=2),
         ),
         StagedRequest(item_id="2", source="s", messages=[{"role": "user", "content": "yo"}]),
+        # The request key render works out travels with the request to generate.
+        StagedRequest(item_id="3", source="s", prompt="once", key="ab" * 32),
     ]
-    assert list(load_jsonl(dump_jsonl(requests), StagedRequest)) == requests
+    loaded = list(load_jsonl(dump_jsonl(requests), StagedRequest))
+    assert loaded == requests
+    assert isinstance(loaded[0].sampling, SamplingSpec) and loaded[2].key == "ab" * 32
