@@ -5,12 +5,14 @@ refused rows dead-lettered, a revoked key pausing the job, and the API key nowhe
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
 from llmbatch.client.temporal import start_job
@@ -77,10 +79,10 @@ async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
     tmp_path: Path,
 ) -> None:
     settings = cpu_only
+    # No rate limit: requests wait on the server only (engine-bound).
     endpoint = add_endpoint(
-        settings, gateway.base_url, "--rpm", "6000", "--input-price", "1.5",
-        "--output-price", "2",
-    )  # fmt: skip
+        settings, gateway.base_url, "--input-price", "1.5", "--output-price", "2"
+    )
     rows = [
         {"id": f"r{i}", "text": TOO_LONG if i % 20 == 7 else f"Say something about {i}."}
         for i in range(60)
@@ -90,7 +92,10 @@ async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
     log = tmp_path / "remote.log"
     async with remote_workers(
         settings, temporal_client, endpoint=endpoint, model=spec.model, logs=[log]
-    ):
+    ) as procs:
+        # The remote worker loads no engine: no vLLM or torch library in its memory.
+        maps = await asyncio.to_thread(Path(f"/proc/{procs[0].pid}/maps").read_text)
+        assert "/vllm/" not in maps and "/torch/" not in maps
         handle, _ = await start_job(temporal_client, spec, settings=settings)
         summary = await asyncio.wait_for(job_result(handle), 300)
     # After a clean stop, which records the worker's last counts.
@@ -112,13 +117,38 @@ async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
     # Each item reached the endpoint once: no failures, nothing to send again.
     sent = gateway.requests("/chat/completions")
     assert len(sent) == 60 and {s for _, s in sent} == {200, 400}
-    usage = await job_usage(pool, job_id=spec.job_id)
-    assert len(usage) == 1 and usage[0].requests == 60 and usage[0].throttled == 0
-    assert usage[0].prompt_tokens > 0 and usage[0].completion_tokens == 57 * 8
-    expected = (usage[0].prompt_tokens * 1.5 + usage[0].completion_tokens * 2) / 1e6
-    assert usage[0].cost_usd == pytest.approx(expected)
+    per_endpoint = await job_usage(pool, job_id=spec.job_id)
+    assert [u.endpoint for u in per_endpoint] == [endpoint]
+    usage = per_endpoint[0].usage
+    assert (usage.requests, usage.throttled, usage.retries) == (60, 0, 0)
+    assert usage.prompt_tokens > 0 and usage.completion_tokens == 57 * 8
+    expected = (usage.prompt_tokens * 1.5 + usage.completion_tokens * 2) / 1e6
+    assert usage.cost_usd == pytest.approx(expected)
+    # What operators see: the shards' summaries carry the same figures to the job's
+    # workflow (its summary, its Web UI details line) and to the manifest.
+    remote = summary.usage.remote
+    assert remote is not None and (remote.requests, remote.throttled) == (60, 0)
+    assert remote.cost_usd == pytest.approx(expected)
+    assert remote.server_s > 0 and remote.rate_wait_s < 0.1 * remote.server_s
+    assert remote.bound == "engine-bound"
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "endpoint: 60 requests, 0 refused with 429/503, 0 sent again; engine-bound" in (
+        metadata.current_details
+    )
+    manifest = json.loads((tmp_path / "out" / spec.job_id / "manifest.json").read_text())
+    shown_remote = manifest["usage"]["remote"]
+    assert shown_remote["requests"] == 60 and shown_remote["bound"] == "engine-bound"
+    assert shown_remote["cost_per_item_usd"] == pytest.approx(expected / 60)
     assert shown.returncode == 0 and "60 requests sent" in shown.stdout, shown.stdout
-    assert status.returncode == 0 and "endpoint" in status.stdout, status.stdout
+    assert status.returncode == 0, status.stdout + status.stderr
+    lines = [line.strip() for line in status.stdout.splitlines()]
+    assert any(
+        line.startswith(f"endpoint {endpoint}: 60 requests, 0 refused with 429/503")
+        and "engine-bound" in line
+        and f"${expected / 60:.6f} per item" in line
+        for line in lines
+    ), status.stdout
+    assert f"endpoint {endpoint} now: no rate limit; 60 requests sent" in status.stdout
     # The key: in no log, ledger row, history or output.
     assert CANARY_KEY not in log.read_text()
     assert CANARY_KEY not in status.stdout + shown.stdout
@@ -203,7 +233,7 @@ async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
         # In a thread: this process's CPU worker answers the status query meanwhile.
         status = await asyncio.to_thread(cli, settings, "status", spec.job_id)
         spent = await pool.fetchval(
-            "SELECT cost_usd FROM endpoint_usage WHERE job_id = $1", spec.job_id
+            "SELECT sum(cost_usd) FROM endpoint_usage WHERE job_id = $1", spec.job_id
         )
         await handle.execute_update(RESUME_UPDATE)
         summary = await asyncio.wait_for(job_result(handle), 300)
@@ -211,6 +241,11 @@ async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
     assert len(lines) == 1 and f"llm-batch resume {spec.job_id}" in lines[0], (
         status.stdout + status.stderr
     )
+    # Two requests at a time, 5 a second allowed: they wait for the budget, not the server.
+    assert any(
+        line.strip().startswith(f"endpoint {endpoint}:") and "rate-bound" in line
+        for line in status.stdout.splitlines()
+    ), status.stdout
     # Costs are added up once a second and running shards read the paused flag every
     # 2 s: the job passes its cap by at most ~3 s of sending ($0.08 a second here).
     assert 0.3 <= spent < 0.3 + 0.4
