@@ -8,16 +8,11 @@ import asyncio
 import json
 from pathlib import Path
 
-import asyncpg
 import pytest
-from temporalio.client import Client
 from temporalio.service import RPCError
 
-from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from tests.fixtures.openai_server import Gateway, OpenAIServer
-from tests.fixtures.worker_processes import job_result
-from tests.remote.conftest import add_endpoint, cli, job, remote_workers
+from tests.remote.conftest import RemoteCase, cli
 
 DISTINCT, COPIES, MAX_TOKENS = 10, 3, 8
 
@@ -33,21 +28,13 @@ def _estimate(settings: Settings, endpoint: str, model: str, source: Path, out: 
 
 
 async def test_estimate_counts_after_dedup_and_cache_and_sends_nothing(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
-    settings = cpu_only
-    endpoint = add_endpoint(
-        settings, gateway.base_url, "--input-price", "100", "--output-price", "400"
-    )
+    settings, gateway, pool, tmp_path = remote.settings, remote.gateway, remote.pool, remote.folder
+    endpoint = remote.endpoint("--input-price", "100", "--output-price", "400")
     # Each distinct text three times: greedy sampling, so the job sends each once.
     rows = [{"text": f"Summarise item {i % DISTINCT} in a word."} for i in range(30)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows,
-               max_tokens=MAX_TOKENS, prefix="estimate")  # fmt: skip
+    spec = remote.job(endpoint, rows, max_tokens=MAX_TOKENS, prefix="estimate")
     spec = spec.model_copy(update={"cache": True})
     source = Path(spec.inputs[0])
 
@@ -63,23 +50,19 @@ async def test_estimate_counts_after_dedup_and_cache_and_sends_nothing(
     # Nothing was sent and no job started.
     assert gateway.requests("/") == []
     with pytest.raises(RPCError):
-        await temporal_client.get_workflow_handle("estimate-only").describe()
+        await remote.client.get_workflow_handle("estimate-only").describe()
     assert await pool.fetchval("SELECT count(*) FROM jobs WHERE job_id = 'estimate-only'") == 0
 
     # The job itself: the server's own count of prompt tokens, for the same requests.
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model,
-        logs=[tmp_path / "remote.log"],
-    ):  # fmt: skip
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
-        summary = await asyncio.wait_for(job_result(handle), 300)
+    async with remote.workers(endpoint):
+        summary = await remote.run(spec)
     assert (summary.items_succeeded, summary.usage.deduplicated) == (30, 20)
-    remote = summary.usage.remote
-    assert remote is not None and remote.requests == DISTINCT
+    used = summary.usage.remote
+    assert used is not None and used.requests == DISTINCT
     # The estimate counts the messages' text with the model's tokenizer, not the chat
     # template around it: close to the server's count, never above it here.
-    assert 0.5 * remote.prompt_tokens <= first["prompt_tokens"] <= remote.prompt_tokens
-    assert remote.completion_tokens <= first["max_completion_tokens"]
+    assert 0.5 * used.prompt_tokens <= first["prompt_tokens"] <= used.prompt_tokens
+    assert used.completion_tokens <= first["max_completion_tokens"]
 
     # Again, after the job: the result cache answers every item, nothing to pay.
     again = await asyncio.to_thread(

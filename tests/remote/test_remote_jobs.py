@@ -15,24 +15,11 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
-from llmbatch.client.temporal import start_job
-from llmbatch.config import Settings
 from llmbatch.contract.names import RESUME_UPDATE
 from llmbatch.remote.usage import job_usage
-from tests.fixtures.openai_server import (
-    CANARY_KEY,
-    Gateway,
-    OpenAIServer,
-)
+from tests.fixtures.openai_server import CANARY_KEY
 from tests.fixtures.worker_processes import job_result
-from tests.remote.conftest import (
-    add_endpoint,
-    cli,
-    job,
-    output_ids,
-    remote_workers,
-    until_paused,
-)
+from tests.remote.conftest import RemoteCase, cli, until_paused
 
 # A text far past the tiny model's 512-token context: the server refuses it (400).
 TOO_LONG = "word " * 700
@@ -71,39 +58,29 @@ async def _canary_in_history(client: Client, workflow_ids: list[str]) -> list[st
 
 
 async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
-    settings = cpu_only
+    settings, gateway, pool, tmp_path = remote.settings, remote.gateway, remote.pool, remote.folder
     # No rate limit: requests wait on the server only (engine-bound).
-    endpoint = add_endpoint(
-        settings, gateway.base_url, "--input-price", "1.5", "--output-price", "2"
-    )
+    endpoint = remote.endpoint("--input-price", "1.5", "--output-price", "2")
     rows = [
         {"id": f"r{i}", "text": TOO_LONG if i % 20 == 7 else f"Say something about {i}."}
         for i in range(60)
     ]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
-    spec = spec.model_copy(update={"id_field": "id"})
-    log = tmp_path / "remote.log"
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=[log]
-    ) as procs:
+    spec = remote.job(endpoint, rows).model_copy(update={"id_field": "id"})
+    async with remote.workers(endpoint) as procs:
         # The remote worker loads no engine: no vLLM or torch library in its memory.
         maps = await asyncio.to_thread(Path(f"/proc/{procs[0].pid}/maps").read_text)
         assert "/vllm/" not in maps and "/torch/" not in maps
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
+        handle = await remote.start(spec)
         summary = await asyncio.wait_for(job_result(handle), 300)
+    log = procs[0].log
     # After a clean stop, which records the worker's last counts.
     status = cli(settings, "status", spec.job_id)
     shown = cli(settings, "endpoint", "show", endpoint)
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (60, 57, 3)
-    ids = output_ids(tmp_path, spec.job_id)
+    ids = remote.output_ids(spec.job_id)
     assert sorted(ids) == sorted(r["id"] for r in rows)
     dead = await pool.fetch(
         "SELECT item_id, error_class, error_message FROM items "
@@ -126,11 +103,11 @@ async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
     assert usage.cost_usd == pytest.approx(expected)
     # What operators see: the shards' summaries carry the same figures to the job's
     # workflow (its summary, its Web UI details line) and to the manifest.
-    remote = summary.usage.remote
-    assert remote is not None and (remote.requests, remote.throttled) == (60, 0)
-    assert remote.cost_usd == pytest.approx(expected)
-    assert remote.server_s > 0 and remote.rate_wait_s < 0.1 * remote.server_s
-    assert remote.bound == "engine-bound"
+    used = summary.usage.remote
+    assert used is not None and (used.requests, used.throttled) == (60, 0)
+    assert used.cost_usd == pytest.approx(expected)
+    assert used.server_s > 0 and used.rate_wait_s < 0.1 * used.server_s
+    assert used.bound == "engine-bound"
     metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
     assert "endpoint: 60 requests, 0 refused with 429/503, 0 sent again; engine-bound" in (
         metadata.current_details
@@ -154,29 +131,21 @@ async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
     assert CANARY_KEY not in status.stdout + shown.stdout
     assert await _canary_in_ledger(pool) == []
     shard_ids = [f"{spec.job_id}/shard-{n:05d}" for n in range(3)]
-    assert await _canary_in_history(temporal_client, [spec.job_id, *shard_ids]) == []
+    assert await _canary_in_history(remote.client, [spec.job_id, *shard_ids]) == []
     for part in (tmp_path / "out").rglob("*"):
         if part.is_file():
             assert CANARY_KEY not in part.read_text(errors="replace")
 
 
 async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
-    settings = cpu_only
-    endpoint = add_endpoint(settings, gateway.base_url, "--rpm", "600", "--max-concurrency", "4")
+    settings, gateway, pool = remote.settings, remote.gateway, remote.pool
+    endpoint = remote.endpoint("--rpm", "600", "--max-concurrency", "4")
     rows = [{"text": f"Count to {i}."} for i in range(150)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=50)
-    logs = [tmp_path / "remote.log"]
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
-    ):
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
+    spec = remote.job(endpoint, rows, shard_size=50)
+    async with remote.workers(endpoint):
+        handle = await remote.start(spec)
         await _until(lambda: len(gateway.requests("/chat/completions")) >= 20)
         gateway.reload(key="sk-the-key-was-rotated")  # the worker's key is refused now
         revoked_at = time.monotonic()
@@ -201,33 +170,17 @@ async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
     assert 0 < len(refused) <= 4 * 3
     lines = [line for line in status.stdout.splitlines() if "HTTP 401" in line]
     assert len(lines) == 1 and "resume" in lines[0], status.stdout + status.stderr
-    assert (summary.items_succeeded, summary.items_dead) == (150, 0)
-    ids = output_ids(tmp_path, spec.job_id)
-    assert len(ids) == 150 and len(set(ids)) == 150
+    remote.assert_exactly_once(spec, summary, 150)
 
 
-async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
-) -> None:
-    settings = cpu_only
+async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(remote: RemoteCase) -> None:
+    settings, pool = remote.settings, remote.pool
     # 8 completion tokens at $2,000 per million: $0.016 an item, 5 items a second.
-    endpoint = add_endpoint(
-        settings, gateway.base_url, "--output-price", "2000", "--max-concurrency", "2",
-        "--rpm", "300",
-    )  # fmt: skip
+    endpoint = remote.endpoint("--output-price", "2000", "--max-concurrency", "2", "--rpm", "300")
     rows = [{"text": f"Name {i}."} for i in range(80)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
-    spec = spec.model_copy(update={"max_cost_usd": 0.3})
-    logs = [tmp_path / "remote.log"]
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
-    ):
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
+    spec = remote.job(endpoint, rows).model_copy(update={"max_cost_usd": 0.3})
+    async with remote.workers(endpoint):
+        handle = await remote.start(spec)
         progress = await until_paused(handle, within_s=120)
         assert progress.paused, "the job was not paused at its cost cap"
         # In a thread: this process's CPU worker answers the status query meanwhile.
@@ -249,5 +202,4 @@ async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
     # Costs are added up once a second and running shards read the paused flag every
     # 2 s: the job passes its cap by at most ~3 s of sending ($0.08 a second here).
     assert 0.3 <= spent < 0.3 + 0.4
-    assert (summary.items_succeeded, summary.items_dead) == (80, 0)
-    assert len(set(output_ids(tmp_path, spec.job_id))) == 80
+    remote.assert_exactly_once(spec, summary, 80)
