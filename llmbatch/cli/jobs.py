@@ -27,7 +27,7 @@ from llmbatch.cli.jobview import (
     show_results,
     usage_line,
 )
-from llmbatch.cli.options import JobOptions, check_inputs, job_options
+from llmbatch.cli.options import JobOptions, check_inputs, job_options, place_job
 from llmbatch.client.queues import describe_queue
 from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
@@ -124,8 +124,7 @@ async def _submit(
     attach: bool,
 ) -> None:
     await check_inputs(spec, settings)
-    if spec.remote_endpoint is not None:
-        await _check_endpoint(settings, spec.remote_endpoint)
+    spec = await place_job(spec, settings)
     client = await connect(settings)
     await _check_worker(
         client,
@@ -151,15 +150,20 @@ async def _submit(
 
 
 async def _estimate(spec: JobSpec, settings: Settings, *, as_json: bool) -> None:
-    if spec.remote_endpoint is None:
-        raise CliError("--estimate prices a job on an endpoint: give --endpoint NAME")
     from llmbatch.cli.estimate import estimate
     from llmbatch.remote.endpoints import EndpointError
 
     await check_inputs(spec, settings)
+    # The endpoint named, or the model's route: as submit would place the job.
+    spec = await place_job(spec, settings)
+    if spec.remote_endpoint is None:
+        raise CliError(
+            "--estimate prices a job on an endpoint: give --endpoint NAME (or a model "
+            "routed to one)"
+        )
     try:
         found = await estimate(spec, settings)
-    except EndpointError as exc:
+    except EndpointError as exc:  # removed since place_job looked
         raise CliError(str(exc)) from None
     if as_json:
         emit_json(found.as_dict())
@@ -167,20 +171,6 @@ async def _estimate(spec: JobSpec, settings: Settings, *, as_json: bool) -> None
     out.print(f"job [bold]{spec.job_id}[/bold] estimate (nothing sent, no job started):")
     for line in found.lines():
         out.print(f"  {escape(line)}", highlight=False)
-
-
-async def _check_endpoint(settings: Settings, name: str) -> None:
-    """A job on an endpoint nobody declared would wait for ever: refuse it now."""
-    from llmbatch import ledger
-    from llmbatch.remote.endpoints import EndpointError, get_endpoint
-
-    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
-    try:
-        await get_endpoint(pool, name)
-    except EndpointError as exc:
-        raise CliError(str(exc)) from None
-    finally:
-        await pool.close()
 
 
 async def _check_worker(

@@ -13,7 +13,6 @@ import base64
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -34,7 +33,12 @@ from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.spec import EmbedSpec, JobSpec, OutputFormat, Task
 from llmbatch.engine.cpu import cpu_engine_env
 from tests.fixtures.embed_worker import DIM, HF_OVERRIDES, EmbedWorker
-from tests.fixtures.worker_processes import job_result, maps_tcmalloc, stop_worker, until_done
+from tests.fixtures.worker_processes import (
+    job_result,
+    kill_holding_items,
+    maps_tcmalloc,
+    stop_worker,
+)
 from tests.llmbatch.cli.test_jobs import cli
 
 pytestmark = pytest.mark.slow
@@ -355,9 +359,7 @@ async def test_a_killed_embed_worker_re_embeds_only_what_was_in_flight(
     try:
         handle, _ = await start_job(temporal_client, spec, settings=settings)
         # Killed while items are claimed and unfinished, not on a shard boundary.
-        await until_done(pool, spec.job_id, total // 4, in_flight=True)
-        os.killpg(embed_worker.proc.pid, signal.SIGKILL)
-        at_kill = await ledger.jobs.job_counts(pool, job_id=spec.job_id)
+        at_kill = await kill_holding_items(pool, spec.job_id, embed_worker.proc, after=total // 4)
         stop_worker(embed_worker.proc)
         embed_worker.restart()
         summary = await asyncio.wait_for(job_result(handle), 900)

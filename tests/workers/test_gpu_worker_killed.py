@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
 import time
 import uuid
 from pathlib import Path
 
-import asyncpg
 import pytest
 from temporalio.client import Client
 
@@ -30,8 +27,8 @@ from llmbatch.devstack.process import LoggedProcess
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     job_result,
+    kill_holding_items,
     stop_worker,
-    until_done,
 )
 
 pytestmark = pytest.mark.slow
@@ -42,19 +39,6 @@ ROWS, SHARD = 3000, 500
 DISTINCT = 500
 # gpu_worker_process: 2 shards at once, 2 x max_num_seqs (64) requests in flight each.
 IN_FLIGHT_WINDOW = 2 * 2 * 64
-
-
-async def settled_counts(pool: asyncpg.Pool, job_id: str) -> ledger.jobs.JobCounts:
-    """The job's counts once the killed worker's last statements are done: a flush the
-    worker sent just before it died still commits in Postgres, so the counts are read
-    until two reads a second apart agree (nothing else writes before the new worker)."""
-    counts = await ledger.jobs.job_counts(pool, job_id=job_id)
-    while True:
-        await asyncio.sleep(1.0)
-        again = await ledger.jobs.job_counts(pool, job_id=job_id)
-        if again == counts:
-            return counts
-        counts = again
 
 
 async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
@@ -85,10 +69,8 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
         await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=300)
         handle, _ = await start_job(temporal_client, spec, settings=stack)
         # Kill while items are claimed and unfinished, not on a shard boundary.
-        await until_done(pool, spec.job_id, ROWS // 4, in_flight=True)
-        os.killpg(first.pid, signal.SIGKILL)
+        at_kill = await kill_holding_items(pool, spec.job_id, first, after=ROWS // 4)
         killed_at = time.monotonic()
-        at_kill = await settled_counts(pool, spec.job_id)
         second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
         summary = await asyncio.wait_for(job_result(handle), 900)
         resumed_after = time.monotonic() - killed_at
