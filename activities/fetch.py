@@ -10,11 +10,13 @@ from temporalio.exceptions import ApplicationError
 
 from activities.context import ActivityContext
 from llmbatch import formats, telemetry
+from llmbatch.config import Settings
 from llmbatch.contract.messages import FetchResult, ShardInput
 from llmbatch.contract.names import FETCH_SHARD
-from llmbatch.contract.spec import InputFormat
+from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ErrorClass, FailureType
 from llmbatch.formats.records import StagedRow, dump_jsonl
+from llmbatch.storage.base import ObjectStore
 from llmbatch.tables import jobs as tables
 from llmbatch.tables.connect import TableError
 
@@ -38,19 +40,9 @@ class FetchActivities:
             # JSONL and CSV shards are byte ranges; Parquet shards row groups.
             bytes=plan.end - plan.start if plan.end else None,
         ) as span:
-            if layout.input_format is InputFormat.TABLE:
-                rows = await _read_table_rows(
-                    self._ctx, plan, max_row_bytes=input.spec.max_row_bytes
-                )
-            else:
-                rows = await asyncio.to_thread(
-                    _read_rows,
-                    store,
-                    plan,
-                    layout.input_format,
-                    id_field=input.spec.id_field,
-                    max_row_bytes=input.spec.max_row_bytes,
-                )
+            rows = await read_staged_rows(
+                self._ctx.settings, store, plan, layout.input_format, spec=input.spec
+            )
             invalid = sum(r.fields is None for r in rows)
             span.set_attributes(telemetry.attrs(rows=len(rows), invalid_rows=invalid))
         await self._ctx.write(layout.shard_rows(input.shard), dump_jsonl(rows))
@@ -58,12 +50,29 @@ class FetchActivities:
         return FetchResult(rows=len(rows), invalid=invalid)
 
 
+async def read_staged_rows(
+    settings: Settings,
+    store: ObjectStore | None,
+    plan: formats.ShardPlan,
+    fmt: InputFormat,
+    *,
+    spec: JobSpec,
+) -> list[StagedRow]:
+    """One shard's rows with their item ids, as ``fetch_shard`` stages them (and
+    ``submit --estimate`` counts them); ``store`` is None for a table."""
+    if fmt is InputFormat.TABLE:
+        return await _read_table_rows(settings, plan, max_row_bytes=spec.max_row_bytes)
+    return await asyncio.to_thread(
+        _read_rows, store, plan, fmt, id_field=spec.id_field, max_row_bytes=spec.max_row_bytes
+    )
+
+
 async def _read_table_rows(
-    ctx: ActivityContext, plan: formats.ShardPlan, *, max_row_bytes: int
+    settings: Settings, plan: formats.ShardPlan, *, max_row_bytes: int
 ) -> list[StagedRow]:
     """A table shard's rows, keyed by its key column."""
     try:
-        rows = await tables.read_shard(plan, ctx.settings, max_row_bytes=max_row_bytes)
+        rows = await tables.read_shard(plan, settings, max_row_bytes=max_row_bytes)
     except TableError as exc:
         raise ApplicationError(str(exc), type=FailureType.TABLE_ERROR, non_retryable=True) from exc
     return _stage(rows, id_field=plan.id_field)

@@ -41,12 +41,11 @@ from llmbatch.dedup.coordination import (
     group_requests,
 )
 from llmbatch.engine.base import BatchEngine, EngineUsage
-from llmbatch.engine.errors import EndpointRefusedError
+from llmbatch.engine.errors import EndpointRefusedError, engine_dead
 from llmbatch.engine.requests import (
     EmbeddingRequest,
     GenerationRequest,
 )
-from llmbatch.engine.vllm_engine import EngineDeadError
 from llmbatch.formats.records import StagedRequest, load_jsonl
 from llmbatch.generation.recorder import EmbedRecorder, Recorder
 from llmbatch.remote.pause import pause_job
@@ -141,8 +140,8 @@ class GenerateActivities:
             raise ApplicationError(
                 f"{exc}; job {job_id} paused", type=FailureType.ENDPOINT_REFUSED
             ) from None
-        except EngineDeadError as exc:
-            if self._on_engine_dead is not None:
+        except Exception as exc:
+            if engine_dead(exc) and self._on_engine_dead is not None:
                 self._on_engine_dead(exc)
             raise
         finally:
@@ -268,7 +267,7 @@ class GenerateActivities:
         """Refuse a shard for another model than the one loaded, before touching any
         item: queue names are derived from the model, but anything can start an
         activity on any queue, and a job must never run on a model it did not name."""
-        served = self._engine.options.served_name
+        served = self._engine.model
         if input.spec.task is not self._task:
             raise ApplicationError(
                 f"{FailureType.WRONG_MODEL}: job {input.spec.job_id} is a {input.spec.task} "

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 from datetime import datetime
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -181,11 +182,7 @@ class PlanningActivities:
                 "dead": summary.items_dead,
             },
             "tokens": summary.tokens.model_dump(),
-            "usage": {
-                **summary.usage.model_dump(mode="json"),
-                "gpu_seconds_saved": summary.usage.gpu_seconds_saved,
-                "cost_per_1000_items": summary.usage.cost_per_1000(summary.items_done),
-            },
+            "usage": _usage(summary),
             "shards": summary.shards_total,
             "failed_shards": summary.failed_shards,
             "input_format": layout.input_format.value,
@@ -236,6 +233,25 @@ class PlanningActivities:
             prompt_tokens=counts.prompt_tokens,
             completion_tokens=counts.completion_tokens,
         )
+
+
+def _usage(summary: JobSummary) -> dict[str, Any]:
+    """The manifest's usage: sources, GPU time and cost, and on a remote endpoint what
+    the job's requests did there, whether it was rate- or engine-bound, and its cost
+    per item."""
+    usage = summary.usage
+    shown = {
+        **usage.model_dump(mode="json"),
+        "gpu_seconds_saved": usage.gpu_seconds_saved,
+        "cost_per_1000_items": usage.cost_per_1000(summary.items_done),
+    }
+    if usage.remote is not None:
+        shown["remote"].update(
+            bound=usage.remote.bound,
+            rate_wait_share=usage.remote.rate_share,
+            cost_per_item_usd=usage.remote.per_item(summary.items_done),
+        )
+    return shown
 
 
 # An object URI in a message: what the caller of an API batch must not see (the

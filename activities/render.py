@@ -16,7 +16,7 @@ from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.dedup.keys import request_key
 from llmbatch.formats import openai_batch
 from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
-from llmbatch.rendering.pool import Rendered
+from llmbatch.rendering.pool import Rendered, RenderPool
 from llmbatch.rendering.templates import TemplateError
 
 
@@ -29,23 +29,13 @@ class RenderActivities:
         """Render every row; rows that can never run go to the dead list right here."""
         layout, spec, shard = input.layout, input.spec, input.shard
         rows = list(load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow))
-        # Templates render in child processes (llmbatch.rendering.pool): a runaway one
-        # costs its rows their time limit, never this worker's event loop.
-        templated = _templated(rows, layout.input_format)
-        # An embed job's text template renders as one message, in the same sandbox.
-        templates = spec.template_messages()
-        outcomes = (
-            await self._ctx.renders.render(templates, [rows[i].fields or {} for i in templated])
-            if templated and templates
-            else []
-        )
-        requests, dead = _render(
+        requests, dead = await render_rows(
+            self._ctx.renders,
             spec,
             layout.input_format,
             rows,
             shard=shard,
             overrides=input.sampling_overrides,
-            rendered=dict(zip(templated, outcomes, strict=True)),
         )
         registered = await ledger.items.register_items(
             self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(spec, rows, requests)
@@ -86,6 +76,37 @@ class RenderActivities:
             job_id=spec.job_id, shard=shard, rows=len(rows), requests=len(todo), dead=len(todo_dead)
         )
         return RenderResult(to_generate=len(todo), already_done=len(done), dead=len(todo_dead))
+
+
+async def render_rows(
+    renders: RenderPool,
+    spec: JobSpec,
+    fmt: InputFormat,
+    rows: list[StagedRow],
+    *,
+    shard: int,
+    overrides: dict[str, Any],
+) -> tuple[dict[str, StagedRequest], list[ledger.items.DeadItem]]:
+    """Staged requests and dead items for a shard's ``rows``, as ``render_prompts``
+    makes them (and ``submit --estimate`` counts them)."""
+    # Templates render in child processes (llmbatch.rendering.pool): a runaway one
+    # costs its rows their time limit, never this worker's event loop.
+    templated = _templated(rows, fmt)
+    # An embed job's text template renders as one message, in the same sandbox.
+    templates = spec.template_messages()
+    outcomes = (
+        await renders.render(templates, [rows[i].fields or {} for i in templated])
+        if templated and templates
+        else []
+    )
+    return _render(
+        spec,
+        fmt,
+        rows,
+        shard=shard,
+        overrides=overrides,
+        rendered=dict(zip(templated, outcomes, strict=True)),
+    )
 
 
 class _Repeated(StagedRow):

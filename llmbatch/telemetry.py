@@ -72,6 +72,7 @@ __all__ = [
     "build",
     "install",
     "metrics",
+    "observe_endpoint",
     "observe_engine_queue",
     "span",
     "tracing_interceptor",
@@ -88,6 +89,7 @@ JOB_ID = "llmbatch.job_id"
 MODEL = "llmbatch.model"
 SHARD = "llmbatch.shard"
 COMPONENT = "llmbatch.component"
+ENDPOINT = "llmbatch.endpoint"
 
 Signal = Literal["traces", "metrics"]
 
@@ -342,6 +344,23 @@ class Metrics:
     generation_duration: Histogram
     engine_requests: Counter
     gpu_seconds: Counter
+    endpoint_requests: Counter
+    endpoint_retries: Counter
+    endpoint_wait: Counter
+    endpoint_cost: Counter
+
+    def count_endpoint_request(
+        self, *, endpoint: str, job_id: str, throttled: bool, rate_wait_s: float, server_s: float
+    ) -> None:
+        """One request answered by a remote endpoint (``throttled``: with 429/503), the
+        time it waited for the rate budget before and the time it took at the server."""
+        base = {ENDPOINT: endpoint, JOB_ID: job_id}
+        self.endpoint_requests.add(
+            1, {**base, "llmbatch.outcome": "throttled" if throttled else "answered"}
+        )
+        if rate_wait_s:
+            self.endpoint_wait.add(rate_wait_s, {**base, "llmbatch.waited_for": "rate"})
+        self.endpoint_wait.add(server_s, {**base, "llmbatch.waited_for": "server"})
 
     def count_items(
         self, n: int, *, job_id: str, model: str, status: str, source: str | None = None
@@ -455,6 +474,52 @@ QUEUE_UNFINISHED = Instrument(
     (TASK_QUEUE, MODEL, TASK),
 )
 QUEUE_INSTRUMENTS = (QUEUE_BACKLOG, QUEUE_BACKLOG_AGE, QUEUE_POLLERS, QUEUE_UNFINISHED)
+# Remote endpoints (llmbatch.remote), counted by the remote worker.
+ENDPOINT_REQUESTS = Instrument(
+    "llmbatch.endpoint.requests",
+    "counter",
+    "{request}",
+    "Requests a remote endpoint answered, by outcome (answered, or throttled: 429/503).",
+    (ENDPOINT, JOB_ID, "llmbatch.outcome"),
+)
+ENDPOINT_RETRIES = Instrument(
+    "llmbatch.endpoint.retries",
+    "counter",
+    "{request}",
+    "Requests sent to a remote endpoint again (after a 429, a 5xx, a timeout).",
+    (ENDPOINT, JOB_ID),
+)
+ENDPOINT_WAIT = Instrument(
+    "llmbatch.endpoint.wait",
+    "counter",
+    "s",
+    "Request-seconds spent waiting for the endpoint's shared rate budget (and backing "
+    "off after a 429: rate) or on the server (server); more rate than server: the job "
+    "is rate-bound.",
+    (ENDPOINT, JOB_ID, "llmbatch.waited_for"),
+)
+ENDPOINT_COST = Instrument(
+    "llmbatch.endpoint.cost",
+    "counter",
+    "USD",
+    "Cost of the tokens a remote endpoint answered, at its declared prices.",
+    (ENDPOINT, JOB_ID),
+)
+ENDPOINT_SEND_FACTOR = Instrument(
+    "llmbatch.endpoint.send_factor",
+    "gauge",
+    "1",
+    "Share of its RPM/TPM limits an endpoint is sent at now, for every worker (halved "
+    "on a 429, raised again each second), as this worker last leased it.",
+    (ENDPOINT,),
+)
+ENDPOINT_INSTRUMENTS = (
+    ENDPOINT_REQUESTS,
+    ENDPOINT_RETRIES,
+    ENDPOINT_WAIT,
+    ENDPOINT_COST,
+    ENDPOINT_SEND_FACTOR,
+)
 #: Every instrument llm-batch reports, in the order the reference lists them.
 INSTRUMENTS: tuple[Instrument, ...] = (
     ITEMS,
@@ -464,6 +529,7 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     GPU_SECONDS,
     ENGINE_REQUESTS,
     *QUEUE_INSTRUMENTS,
+    *ENDPOINT_INSTRUMENTS,
 )
 
 
@@ -487,45 +553,63 @@ def metrics() -> Metrics:
         ),
         engine_requests=counter(ENGINE_SUBMITTED),
         gpu_seconds=counter(GPU_SECONDS),
+        endpoint_requests=counter(ENDPOINT_REQUESTS),
+        endpoint_retries=counter(ENDPOINT_RETRIES),
+        endpoint_wait=counter(ENDPOINT_WAIT),
+        endpoint_cost=counter(ENDPOINT_COST),
     )
 
 
-_engines: dict[int, tuple[str, Callable[[], int]]] = {}
-_engines_lock = threading.Lock()
-_engines_gauge_made = False
+# Gauges read on each metric collection: per instrument, the live sources (their
+# attributes and how to read them), registered and dropped by their owners.
+_gauges: dict[str, dict[int, tuple[dict[str, AttributeValue], Callable[[], float]]]] = {}
+_gauges_lock = threading.Lock()
+
+
+def _observe(
+    spec: Instrument, attributes: dict[str, AttributeValue], read: Callable[[], float]
+) -> Callable[[], None]:
+    """Report ``read()`` as ``spec``'s gauge with ``attributes`` until the returned
+    function is called."""
+    key = id(read)
+    with _gauges_lock:
+        sources = _gauges.get(spec.name)
+        if sources is None:
+            sources = _gauges[spec.name] = {}
+            otel_metrics.get_meter(INSTRUMENTATION_NAME).create_observable_gauge(
+                spec.name,
+                callbacks=[functools.partial(_read_gauge, spec.name)],
+                unit=spec.unit,
+                description=spec.description,
+            )
+        sources[key] = (attributes, read)
+
+    def stop() -> None:
+        with _gauges_lock:
+            _gauges[spec.name].pop(key, None)
+
+    return stop
 
 
 def observe_engine_queue(model: str, depth: Callable[[], int]) -> Callable[[], None]:
     """Report ``depth()`` (requests the engine holds: running or waiting in its
     scheduler) as the ``llmbatch.engine.requests`` gauge until the returned function
     is called. Read on each metric collection, not per request."""
-    global _engines_gauge_made
-    key = id(depth)
-    with _engines_lock:
-        _engines[key] = (model, depth)
-        if not _engines_gauge_made:
-            otel_metrics.get_meter(INSTRUMENTATION_NAME).create_observable_gauge(
-                ENGINE_REQUESTS.name,
-                callbacks=[_observe_engines],
-                unit=ENGINE_REQUESTS.unit,
-                description=ENGINE_REQUESTS.description,
-            )
-            _engines_gauge_made = True
-
-    def stop() -> None:
-        with _engines_lock:
-            _engines.pop(key, None)
-
-    return stop
+    return _observe(ENGINE_REQUESTS, {MODEL: model}, depth)
 
 
-def _observe_engines(options: CallbackOptions) -> Iterable[Observation]:
-    with _engines_lock:
-        engines = list(_engines.values())
+def observe_endpoint(endpoint: str, send_factor: Callable[[], float]) -> Callable[[], None]:
+    """Report ``send_factor()`` as the endpoint's ``llmbatch.endpoint.send_factor``."""
+    return _observe(ENDPOINT_SEND_FACTOR, {ENDPOINT: endpoint}, send_factor)
+
+
+def _read_gauge(name: str, options: CallbackOptions) -> Iterable[Observation]:
+    with _gauges_lock:
+        sources = list(_gauges.get(name, {}).values())
     observations = []
-    for model, depth in engines:
+    for attributes, read in sources:
         try:
-            observations.append(Observation(depth(), {MODEL: model}))
+            observations.append(Observation(read(), attributes))
         except Exception:  # an engine shutting down; the next collection skips it
-            log.debug("engine queue depth not read", exc_info=True)
+            log.debug("gauge %s not read", name, exc_info=True)
     return observations

@@ -68,12 +68,24 @@ def submit(
         bool,
         typer.Option(help="When the job id exists, follow that job even if its spec differs."),
     ] = False,
+    estimate: Annotated[
+        bool,
+        typer.Option(
+            "--estimate",
+            help="With --endpoint: count the job's tokens (after deduplication and the "
+            "result cache) and print what it would cost at the endpoint's prices; sends "
+            "nothing and starts no job.",
+        ),
+    ] = False,
 ) -> None:
     """Submit a batch job (validated before anything is scheduled)."""
     settings = Settings()
     spec = job.to_spec(settings, job_id=job_id)
     if not spec.job_id:
         spec = spec.model_copy(update={"job_id": _new_job_id()})
+    if estimate:
+        run(_estimate(spec, settings, as_json=as_json))
+        return
     run(
         _submit(
             spec, settings, wait=wait, as_json=as_json, require_worker=require_worker, attach=attach
@@ -140,6 +152,30 @@ async def _submit(
     if wait:
         summary = await follow_job(client, handle, quiet=as_json)
         print_summary(summary, as_json=as_json)
+
+
+async def _estimate(spec: JobSpec, settings: Settings, *, as_json: bool) -> None:
+    from llmbatch.cli.estimate import estimate
+    from llmbatch.remote.endpoints import EndpointError
+
+    await check_inputs(spec, settings)
+    # The endpoint named, or the model's route: as submit would place the job.
+    spec = await place_job(spec, settings)
+    if spec.remote_endpoint is None:
+        raise CliError(
+            "--estimate prices a job on an endpoint: give --endpoint NAME (or a model "
+            "routed to one)"
+        )
+    try:
+        found = await estimate(spec, settings)
+    except EndpointError as exc:  # removed since place_job looked
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json(found.as_dict())
+        return
+    out.print(f"job [bold]{spec.job_id}[/bold] estimate (nothing sent, no job started):")
+    for line in found.lines():
+        out.print(f"  {escape(line)}", highlight=False)
 
 
 async def _check_worker(

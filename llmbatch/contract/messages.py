@@ -24,6 +24,52 @@ class TokenCounts(BaseModel):
         )
 
 
+class RemoteUsage(BaseModel):
+    """What a job's (or shard's) requests did on remote endpoints: requests sent, those
+    refused with 429/503 and those sent again, tokens and their cost at the endpoints'
+    prices, and two request-second sums: waiting for the shared rate budget (and the
+    backoff after a 429) and waiting on the server. The larger says what bounds the
+    job: its rate limits, or the server behind the endpoint."""
+
+    requests: int = 0
+    throttled: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    rate_wait_s: float = 0.0
+    server_s: float = 0.0
+
+    def __add__(self, other: RemoteUsage) -> RemoteUsage:
+        return RemoteUsage(
+            **{name: getattr(self, name) + getattr(other, name) for name in type(self).model_fields}
+        )
+
+    @property
+    def rate_share(self) -> float:
+        """The share of the requests' waiting that was for the rate budget (0 to 1)."""
+        waited = self.rate_wait_s + self.server_s
+        return self.rate_wait_s / waited if waited > 0 else 0.0
+
+    @property
+    def bound(self) -> str:
+        """``rate-bound`` when requests waited more for the budget than on the server."""
+        return "rate-bound" if self.rate_share > 0.5 else "engine-bound"
+
+    def per_item(self, items: int) -> float | None:
+        return self.cost_usd / items if items else None
+
+    def describe(self, items: int) -> str:
+        """One line for ``status`` and the Web UI's details line."""
+        per = self.per_item(items)
+        return (
+            f"endpoint: {self.requests} requests, {self.throttled} refused with 429/503, "
+            f"{self.retries} sent again; {self.bound} ({self.rate_share:.0%} of waiting was "
+            f"for the rate budget); ${self.cost_usd:.4f} so far"
+            + (f", ${per:.6f} per item" if per is not None else "")
+        )
+
+
 class Usage(BaseModel):
     """Where a job's results came from, and what its engine work cost.
 
@@ -41,6 +87,7 @@ class Usage(BaseModel):
     engine_requests: int = 0
     gpu_seconds: float = 0.0
     cost: float | None = None
+    remote: RemoteUsage | None = None  # None: no remote endpoint served the job
 
     def __add__(self, other: Usage) -> Usage:
         cost = (
@@ -56,6 +103,11 @@ class Usage(BaseModel):
             engine_requests=self.engine_requests + other.engine_requests,
             gpu_seconds=self.gpu_seconds + other.gpu_seconds,
             cost=cost,
+            remote=(
+                None
+                if self.remote is None and other.remote is None
+                else (self.remote or RemoteUsage()) + (other.remote or RemoteUsage())
+            ),
         )
 
     @property
@@ -92,6 +144,8 @@ class Usage(BaseModel):
             per = self.cost_per_1000(self.generated + self.reused)
             if per is not None:
                 line += f" ({per:.4f} per 1,000 items)"
+        if self.remote is not None:
+            line += f"; {self.remote.describe(self.generated + self.reused)}"
         return line
 
 

@@ -65,6 +65,12 @@ def redrive_shard_workflow_id(job_id: str, redrive: int, shard: int) -> str:
     return f"{job_id}/redrive-{redrive}/shard-{shard:05d}"
 
 
+def shard_of(workflow_id: str) -> int | None:
+    """The shard a shard workflow id (either kind above) runs, or None."""
+    _, _, last = workflow_id.rpartition("/shard-")
+    return int(last) if last.isdigit() else None
+
+
 def dead_letter_workflow_id(job_id: str) -> str:
     return f"{job_id}/dlq"
 

@@ -73,6 +73,16 @@ async def lookup(
     return {r["cache_key"]: CachedResult(**dict(r)) for r in rows}
 
 
+async def held(db: Database, *, cache_keys: Sequence[str]) -> set[str]:
+    """Which of ``cache_keys`` the cache holds, counting no hit (an estimate's look)."""
+    if not cache_keys:
+        return set()
+    rows = await db.fetch(
+        "SELECT cache_key FROM result_cache WHERE cache_key = ANY($1::text[])", list(cache_keys)
+    )
+    return {r["cache_key"] for r in rows}
+
+
 async def store(
     db: Database, *, model: str, weights: str, job_id: str, entries: Sequence[NewEntry]
 ) -> None:

@@ -12,7 +12,6 @@ from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from llmbatch.engine.options import EngineOptions
     from llmbatch.engine.requests import (
         EmbeddingRequest,
         EmbeddingResult,
@@ -53,7 +52,7 @@ class EngineUsage:
 
 
 class BatchEngine(Protocol):
-    """What the generate activity uses of an engine: its options (the model it serves),
+    """What the generate activity uses of an engine: the model it serves,
     the fingerprint of its weights (``None``: results are not cached), how many GPUs
     its time counts, and the two bounded, lazy request loops.
 
@@ -62,7 +61,6 @@ class BatchEngine(Protocol):
     raise when the engine itself is gone, and abort what is in flight when closed.
     """
 
-    options: EngineOptions
     weights: str | None
     gpus: int
 
@@ -73,6 +71,9 @@ class BatchEngine(Protocol):
         max_in_flight: int,
         usage: EngineUsage | None = None,
     ) -> AsyncGenerator[GenerationResult, None]: ...
+
+    @property
+    def model(self) -> str: ...
 
     def embed_many(
         self,

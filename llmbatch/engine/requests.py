@@ -1,6 +1,9 @@
 """What goes into an engine and what comes out: generation and embedding requests and
 results, a job's sampling as vLLM's ``SamplingParams`` (prepared once per distinct
 spec), and the per-item failures a result carries instead of raising.
+
+vLLM is imported only where its parameters are built, so the remote engine, which
+shares the requests and results, does not load vLLM (~10 s, and torch with it).
 """
 
 from __future__ import annotations
@@ -8,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import BaseModel, Field, model_validator
-from vllm.pooling_params import PoolingParams
-from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 from llmbatch.contract.spec import EmbedSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
+
+if TYPE_CHECKING:
+    from vllm.pooling_params import PoolingParams
+    from vllm.sampling_params import SamplingParams
 
 
 class RequestAbortedError(RuntimeError):
@@ -90,6 +95,8 @@ class EmbeddingResult:
 def pooling_params(options: EmbedSpec) -> PoolingParams:
     """vLLM pooling parameters for an embedding with ``options`` (normalizing is the
     embed pooler's activation)."""
+    from vllm.pooling_params import PoolingParams
+
     return PoolingParams(
         task="embed", dimensions=options.dimensions, use_activation=options.normalize
     )
@@ -114,6 +121,8 @@ class GenerationResult(BaseModel):
 
 def sampling_params(spec: SamplingSpec) -> SamplingParams:
     """vLLM sampling parameters for ``spec``; only the final output is returned."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
     structured = None
     if spec.choice is not None:
         structured = StructuredOutputsParams(choice=spec.choice)
@@ -137,7 +146,7 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
 class Prepared:
     """What one distinct SamplingSpec needs, built once (most jobs have one spec)."""
 
-    params: SamplingParams | None
+    params: SamplingParams | None  # None: for an engine that is not vLLM
     validator: Any = None  # jsonschema validator for json_schema specs
     schema_error: str | None = None  # the spec's schema is not a valid JSON schema
     # The spec's ``params`` are not ones vLLM runs (then ``params`` is None).
@@ -149,11 +158,13 @@ class Prepared:
         return self.params is not None and (self.params.n > 1 or self.params.logprobs is not None)
 
 
-def prepare(spec: SamplingSpec, *, chat: bool = True) -> Prepared:
-    """The vLLM parameters of ``spec`` for a chat (else a completions) request: built
-    by vLLM's request models when the spec carries ``params`` (see
-    :mod:`llmbatch.engine.api_requests`), else directly from its fields."""
-    if spec.params:
+def prepare(spec: SamplingSpec, *, chat: bool = True, vllm: bool = True) -> Prepared:
+    """The spec's checks and, with ``vllm``, its vLLM parameters for a chat (else a
+    completions) request: built by vLLM's request models when the spec carries
+    ``params`` (see :mod:`llmbatch.engine.api_requests`), else directly from its
+    fields. Without ``vllm`` (an engine that is not vLLM) nothing of vLLM is imported."""
+    params: SamplingParams | None = None
+    if vllm and spec.params:
         # Imported on first use: vLLM's OpenAI protocol modules are a second or more of
         # imports that a worker whose jobs never carry params does not need.
         from llmbatch.engine.api_requests import InvalidParams, api_sampling_params
@@ -162,7 +173,7 @@ def prepare(spec: SamplingSpec, *, chat: bool = True) -> Prepared:
             params = api_sampling_params(spec, chat=chat)
         except InvalidParams as exc:
             return Prepared(None, invalid=str(exc))
-    else:
+    elif vllm:
         params = sampling_params(spec)
     if spec.json_schema is None:
         return Prepared(params)

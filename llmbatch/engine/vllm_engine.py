@@ -26,15 +26,11 @@ from collections import OrderedDict
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
-    Awaitable,
-    Callable,
     Iterable,
 )
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
-from pydantic import BaseModel
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import tokens_input
 from vllm.pooling_params import PoolingParams
@@ -69,6 +65,7 @@ from llmbatch.engine.requests import (
     prepare,
     rejected,
 )
+from llmbatch.engine.run_loop import run_many
 
 # EngineDeadError is re-exported: callers catch it without naming vLLM's module path.
 __all__ = ["Engine", "EngineDeadError"]
@@ -104,6 +101,11 @@ class Engine:
         self._stop_observing = telemetry.observe_engine_queue(
             options.model, lambda: self.num_unfinished_requests
         )
+
+    @property
+    def model(self) -> str:
+        """The name jobs call the model by (vLLM's --served-model-name when given)."""
+        return self.options.served_name
 
     @classmethod
     async def start(cls, options: EngineOptions) -> Engine:
@@ -234,6 +236,7 @@ class Engine:
                 prompt_tokens=len(ids),
             )
         final = None
+        assert prepared.params is not None  # prepared for vLLM (see _prepare)
         self.requests_submitted += 1
         telemetry.metrics().engine_requests.add(1, {"llmbatch.model": self.options.model})
         if usage is not None:
@@ -375,7 +378,7 @@ class Engine:
         usage: EngineUsage | None = None,
     ) -> AsyncGenerator[EmbeddingResult, None]:
         """:meth:`generate_many` for embedding requests: the same bounded, lazy loop."""
-        results = _run_many(
+        results = run_many(
             functools.partial(self.embed, usage=usage), requests, max_in_flight=max_in_flight
         )
         async with contextlib.aclosing(results):
@@ -397,95 +400,12 @@ class Engine:
         the iterator (``contextlib.aclosing``) when stopping early: closing, like
         cancelling the consumer inside it, aborts every request still in flight.
         """
-        results = _run_many(
+        results = run_many(
             functools.partial(self.generate, usage=usage), requests, max_in_flight=max_in_flight
         )
         async with contextlib.aclosing(results):
             async for result in results:
                 yield result
-
-
-_Req = TypeVar("_Req", bound=BaseModel)
-
-
-_Res = TypeVar("_Res")
-
-
-async def _run_many(
-    call: Callable[[_Req], Awaitable[_Res]],
-    requests: AsyncIterable[_Req] | Iterable[_Req],
-    *,
-    max_in_flight: int,
-) -> AsyncGenerator[_Res, None]:
-    """``call`` on each request, ``max_in_flight`` at a time, results in completion
-    order: the loop :meth:`Engine.generate_many` and :meth:`Engine.embed_many` share."""
-    if max_in_flight < 1:
-        raise ValueError("max_in_flight must be at least 1")
-    # A slot is freed when the consumer takes a result, not when the engine
-    # finishes it, so a slow consumer also bounds what piles up in ``done``.
-    slots = asyncio.Semaphore(max_in_flight)
-    done: asyncio.Queue[_Res | BaseException | _End] = asyncio.Queue()
-    running: set[asyncio.Task[None]] = set()
-
-    async def run(request: _Req) -> None:
-        try:
-            done.put_nowait(await call(request))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # EngineDeadError and the unexpected
-            done.put_nowait(exc)
-
-    def submit(request: _Req) -> None:
-        task = asyncio.create_task(
-            run(request), name=f"engine {getattr(request, 'request_id', '')}"
-        )
-        running.add(task)
-        task.add_done_callback(running.discard)
-
-    async def feed() -> None:
-        count = 0
-        try:
-            if isinstance(requests, AsyncIterable):
-                async for request in requests:
-                    await slots.acquire()
-                    submit(request)
-                    count += 1
-            else:
-                for request in requests:
-                    await slots.acquire()
-                    submit(request)
-                    count += 1
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # the source failed
-            done.put_nowait(exc)
-        done.put_nowait(_End(count))
-
-    feeder = asyncio.create_task(feed(), name="engine feeder")
-    total: int | None = None
-    received = 0
-    try:
-        while total is None or received < total:
-            item = await done.get()
-            if isinstance(item, _End):
-                total = item.count
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            received += 1
-            slots.release()
-            yield item
-    finally:
-        feeder.cancel()
-        for task in running:
-            task.cancel()
-        # Wait for the aborts, so the engine is free when we return.
-        await asyncio.gather(feeder, *running, return_exceptions=True)
-
-
-@dataclass(frozen=True, slots=True)
-class _End:
-    count: int
 
 
 async def _abort_quietly(llm: AsyncLLM, request_id: str) -> None:

@@ -1,10 +1,11 @@
 """Engine usage in the ledger: each generate attempt's requests and GPU time, and a
-job's (or shard's) result sources, GPU-seconds and cost.
+job's (or shard's) result sources, GPU-seconds and cost, and what its requests did on
+remote endpoints (``endpoint_usage``, which :mod:`llmbatch.remote.usage` writes).
 """
 
 from __future__ import annotations
 
-from llmbatch.contract.messages import TokenCounts, Usage
+from llmbatch.contract.messages import RemoteUsage, TokenCounts, Usage
 from llmbatch.contract.states import (
     ItemStatus,
     ResultSource,
@@ -62,8 +63,18 @@ async def usage(pool: Database, *, job_id: str, shard: int | None = None) -> Usa
                    coalesce(sum(busy_s * gpus), 0) AS gpu_seconds,
                    sum(busy_s * gpus * gpu_hour_price / 3600.0) AS cost
             FROM engine_usage WHERE job_id = $1 AND ($2::int IS NULL OR shard = $2)
+        ), remote AS (
+            SELECT count(*) AS endpoints, coalesce(sum(requests), 0) AS r_requests,
+                   coalesce(sum(throttled), 0) AS r_throttled,
+                   coalesce(sum(retries), 0) AS r_retries,
+                   coalesce(sum(prompt_tokens), 0) AS r_prompt,
+                   coalesce(sum(completion_tokens), 0) AS r_completion,
+                   coalesce(sum(cost_usd), 0) AS r_cost,
+                   coalesce(sum(rate_wait_s), 0) AS r_rate_wait,
+                   coalesce(sum(server_s), 0) AS r_server
+            FROM endpoint_usage WHERE job_id = $1 AND ($2::int IS NULL OR shard = $2)
         )
-        SELECT * FROM sources, engine
+        SELECT * FROM sources, engine, remote
         """,
         job_id,
         shard,
@@ -81,4 +92,18 @@ async def usage(pool: Database, *, job_id: str, shard: int | None = None) -> Usa
         engine_requests=row["requests"],
         gpu_seconds=float(row["gpu_seconds"]),
         cost=None if row["cost"] is None else float(row["cost"]),
+        remote=(
+            RemoteUsage(
+                requests=row["r_requests"],
+                throttled=row["r_throttled"],
+                retries=row["r_retries"],
+                prompt_tokens=row["r_prompt"],
+                completion_tokens=row["r_completion"],
+                cost_usd=float(row["r_cost"]),
+                rate_wait_s=float(row["r_rate_wait"]),
+                server_s=float(row["r_server"]),
+            )
+            if row["endpoints"]
+            else None
+        ),
     )

@@ -6,8 +6,10 @@ every worker of an endpoint shares (:mod:`.budget`), the HTTP client and its err
 classes (:mod:`.http`), and the remote engine (:mod:`.engine`), the second
 implementation of :class:`llmbatch.engine.base.BatchEngine` that the
 ``generate`` activity drives exactly as it drives the in-process vLLM engine;
-``pause`` (a job paused by llm-batch, with why), ``usage`` and ``status`` (what
-operators see). The remote engine lives here, not in ``llmbatch.engine``, because
+``tokens`` (a prompt's tokens before sending, for the budget and ``submit
+--estimate``), ``pause`` (a job paused by llm-batch, with why), ``usage`` and
+``status`` (what operators see). Nothing here imports vLLM or torch: a remote worker
+starts in about a second. The remote engine lives here, not in ``llmbatch.engine``, because
 it keeps its rate budget and figures in Postgres, which the engine package may not
 touch.
 

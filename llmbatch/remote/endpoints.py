@@ -70,6 +70,12 @@ class Endpoint(EndpointConfig):
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
+    def weights(self, model: str) -> str:
+        """What stands for the weights behind ``model`` here, for the result cache: the
+        endpoint's URL and the model's name (a provider may change what a name answers:
+        see the docs)."""
+        return f"endpoint:{self.base_url}:{model}"
+
     def api_key(self) -> str | None:
         """The key, read now from the worker's environment (or the named file); None
         when the endpoint needs none. Never logged, never stored by llm-batch."""

@@ -23,14 +23,14 @@ import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from llmbatch import telemetry
+from llmbatch.contract.names import shard_of
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.contract.states import ErrorClass
 from llmbatch.engine.base import EngineUsage
 from llmbatch.engine.errors import EndpointRefusedError
-from llmbatch.engine.options import EngineOptions
 from llmbatch.engine.requests import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -41,19 +41,17 @@ from llmbatch.engine.requests import (
     failed,
     prepare,
 )
-from llmbatch.engine.vllm_engine import _run_many
+from llmbatch.engine.run_loop import run_many
 from llmbatch.ledger.db import Database
 from llmbatch.remote.budget import Budget
 from llmbatch.remote.endpoints import Endpoint
 from llmbatch.remote.http import Answer, Transport, Verdict, backoff_s
-from llmbatch.remote.usage import UsageBook
+from llmbatch.remote.tokens import PromptTokens
+from llmbatch.remote.usage import Key, UsageBook
 
 log = logging.getLogger(__name__)
 
-# Without a tokenizer, a prompt's tokens are estimated as characters / 4 (English
-# text in BPE vocabularies averages ~4 characters a token), plus a few a message.
-CHARS_PER_TOKEN = 4.0
-TOKENS_PER_MESSAGE = 4
+_Res = TypeVar("_Res")
 
 
 @dataclass(slots=True)
@@ -76,23 +74,19 @@ class RemoteEngine:
         pool: Database,
         transport: Transport,
         kind: ServerKind,
-        tokenizer: Any = None,
+        tokens: PromptTokens | None = None,
         on_capped: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._model = model
-        # What the generate activity reads of any engine (llmbatch.engine.base): the
-        # model it serves; no vLLM engine arguments here.
-        self.options = EngineOptions(model=model)
         self._transport = transport
         self._kind = kind
-        self._tokenizer = tokenizer
+        self.tokens = tokens or PromptTokens()
         self.budget = Budget(pool, endpoint.name, rpm=endpoint.rpm, tpm=endpoint.tpm)
         self.usage_book = UsageBook(pool, endpoint, on_capped=on_capped)
         self._slots = asyncio.Semaphore(endpoint.max_concurrency)
-        # Answers from the endpoint's model: the cache keys them by endpoint and model
-        # (a provider may change what a model name answers: see the docs).
-        self.weights: str | None = f"endpoint:{endpoint.base_url}:{model}"
+        self._stop_observing = telemetry.observe_endpoint(endpoint.name, lambda: self.budget.factor)
+        self.weights: str | None = endpoint.weights(model)
         self.gpus = 0
         self.in_flight = 0
 
@@ -103,7 +97,7 @@ class RemoteEngine:
         model: str,
         *,
         pool: Database,
-        tokenizer: Any = None,
+        tokens: PromptTokens | None = None,
         on_capped: Callable[[str], Awaitable[None]] | None = None,
     ) -> RemoteEngine:
         """Connect, and check the key and the model with ``GET /v1/models``: a wrong
@@ -140,7 +134,7 @@ class RemoteEngine:
             pool=pool,
             transport=transport,
             kind=ServerKind(vllm=vllm),
-            tokenizer=tokenizer if tokenizer is not None else _load_tokenizer(model),
+            tokens=tokens or PromptTokens.for_model(model),
             on_capped=on_capped,
         )
         engine.usage_book.start()
@@ -155,35 +149,10 @@ class RemoteEngine:
         return self.endpoint.max_concurrency
 
     async def close(self) -> None:
+        self._stop_observing()
         await self.usage_book.stop()
         await self.budget.close()
         await self._transport.close()
-
-    # --- estimates -----------------------------------------------------------------
-
-    def prompt_tokens(self, request: GenerationRequest) -> int:
-        """The prompt's tokens: the model's tokenizer where it loaded, else chars/4."""
-        if self._tokenizer is not None:
-            with contextlib.suppress(Exception):
-                if request.messages is not None:
-                    return len(
-                        self._tokenizer.apply_chat_template(
-                            request.messages, add_generation_prompt=True, tokenize=True
-                        )
-                    )
-                return len(self._tokenizer.encode(request.prompt or ""))
-        if request.prompt_token_ids is not None:
-            return len(request.prompt_token_ids)
-        if request.messages is not None:
-            chars = sum(len(str(m.get("content", ""))) for m in request.messages)
-            return int(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(request.messages)
-        return int(len(request.prompt or "") / CHARS_PER_TOKEN) + 1
-
-    def _text_tokens(self, texts: list[str]) -> int:
-        if self._tokenizer is not None:
-            with contextlib.suppress(Exception):
-                return sum(len(self._tokenizer.encode(t)) for t in texts)
-        return sum(int(len(t) / CHARS_PER_TOKEN) + 1 for t in texts)
 
     # --- requests ------------------------------------------------------------------
 
@@ -225,13 +194,15 @@ class RemoteEngine:
         return "/completions", body
 
     async def _send(
-        self, path: str, body: dict[str, Any], *, tokens: float, job: str, usage: EngineUsage | None
+        self, path: str, body: dict[str, Any], *, tokens: float, key: Key, usage: EngineUsage | None
     ) -> Answer:
         """Send until the endpoint answers for good: OK, the item's fault, or refused."""
         attempt = 0
         while True:
             async with self._slots:
+                started = time.monotonic()
                 await self.budget.acquire(tokens)
+                sent = time.monotonic()
                 self.in_flight += 1
                 if usage is not None:
                     usage._entered()
@@ -241,8 +212,14 @@ class RemoteEngine:
                     self.in_flight -= 1
                     if usage is not None:
                         usage._left()
-            self.usage_book.sent(job, throttled=answer.verdict is Verdict.THROTTLED)
-            if answer.verdict is Verdict.THROTTLED:
+            throttled = answer.verdict is Verdict.THROTTLED
+            self.usage_book.sent(
+                key,
+                throttled=throttled,
+                rate_wait_s=sent - started,
+                server_s=time.monotonic() - sent,
+            )
+            if throttled:
                 wait = backoff_s(attempt, floor_s=answer.retry_after_s)
                 await self.budget.throttled(answer.retry_after_s or wait)
             elif answer.verdict is Verdict.RETRY:
@@ -262,25 +239,23 @@ class RemoteEngine:
             else:
                 return answer
             attempt += 1
-            self.usage_book.retried(job)
+            self.usage_book.retried(key, backoff_s=wait, throttled=throttled)
             await asyncio.sleep(wait)
 
     async def generate(
         self, request: GenerationRequest, *, usage: EngineUsage | None = None
     ) -> GenerationResult:
         started = time.perf_counter()
-        # The endpoint judges the line's params itself: only the job's own constraint
-        # (its JSON schema's validator) is prepared here.
-        prepared = prepare(request.sampling.model_copy(update={"params": None}))
+        prepared = prepare(request.sampling, vllm=False)
         if prepared.schema_error is not None:
             return failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
         payload = self._payload(request)
         if isinstance(payload, str):
             return failed(request, ErrorClass.INVALID_REQUEST, payload)
         path, body = payload
-        estimate = self.prompt_tokens(request) + request.sampling.max_tokens
-        job = job_of(request.request_id)
-        answer = await self._send(path, body, tokens=estimate, job=job, usage=usage)
+        estimate = self.tokens.request(request) + request.sampling.max_tokens
+        key = usage_key(request.request_id)
+        answer = await self._send(path, body, tokens=estimate, key=key, usage=usage)
         if answer.verdict is Verdict.ITEM_DEAD:
             self.budget.correct(estimated=estimate, actual=0)
             return failed(request, answer.error_class or ErrorClass.INVALID_REQUEST, answer.message)
@@ -292,7 +267,7 @@ class RemoteEngine:
         prompt_tokens = int(used.get("prompt_tokens") or 0)
         completion_tokens = int(used.get("completion_tokens") or 0)
         self.budget.correct(estimated=estimate, actual=prompt_tokens + completion_tokens)
-        self.usage_book.tokens(job, prompt=prompt_tokens, completion=completion_tokens)
+        self.usage_book.tokens(key, prompt=prompt_tokens, completion=completion_tokens)
         if any(c["finish_reason"] not in ("stop", "length") for c in answered):
             return failed(
                 request,
@@ -332,10 +307,10 @@ class RemoteEngine:
         estimate = (
             sum(len(ids) for ids in request.token_ids)
             if request.token_ids
-            else self._text_tokens(request.texts)
+            else self.tokens.texts(request.texts)
         )
-        job = job_of(request.request_id)
-        answer = await self._send("/embeddings", body, tokens=estimate, job=job, usage=usage)
+        key = usage_key(request.request_id)
+        answer = await self._send("/embeddings", body, tokens=estimate, key=key, usage=usage)
         if answer.verdict is Verdict.ITEM_DEAD:
             self.budget.correct(estimated=estimate, actual=0)
             return embed_failed(
@@ -352,7 +327,7 @@ class RemoteEngine:
             )
         prompt_tokens = int((body_out.get("usage") or {}).get("prompt_tokens") or 0)
         self.budget.correct(estimated=estimate, actual=prompt_tokens)
-        self.usage_book.tokens(job, prompt=prompt_tokens, completion=0)
+        self.usage_book.tokens(key, prompt=prompt_tokens, completion=0)
         return EmbeddingResult(
             request_id=request.request_id,
             vectors=vectors,
@@ -370,7 +345,7 @@ class RemoteEngine:
     ) -> AsyncGenerator[GenerationResult, None]:
         # The in-process engine's bounded loop, on this engine's calls.
         call = functools.partial(self.generate, usage=usage)
-        return _run_many(call, requests, max_in_flight=max_in_flight)
+        return self._counted(run_many(call, requests, max_in_flight=max_in_flight))
 
     def embed_many(
         self,
@@ -380,7 +355,28 @@ class RemoteEngine:
         usage: EngineUsage | None = None,
     ) -> AsyncGenerator[EmbeddingResult, None]:
         call = functools.partial(self.embed, usage=usage)
-        return _run_many(call, requests, max_in_flight=max_in_flight)
+        return self._counted(run_many(call, requests, max_in_flight=max_in_flight))
+
+    async def _counted(self, results: AsyncGenerator[_Res, None]) -> AsyncGenerator[_Res, None]:
+        """``results``, then the figures counted so far into the ledger: the shard's
+        summary, written next, reads them from there."""
+        try:
+            async with contextlib.aclosing(results):
+                async for result in results:
+                    yield result
+        finally:
+            with contextlib.suppress(Exception):  # the database away: the loop retries
+                await self.usage_book.flush()
+
+
+def usage_key(request_id: str) -> Key:
+    """The job and shard a request belongs to: request ids start with the attempt's
+    lease, ``<workflow id>/<activity id>#<attempt>:<n>``; a job's shard workflow ids
+    are ``<job id>/[redrive-<n>/]shard-<n>`` (job ids hold no "/")."""
+    job, _, rest = request_id.partition("/")
+    workflow_id = f"{job}/{rest.rsplit('/', 1)[0]}" if "/" in rest else job
+    shard = shard_of(workflow_id)
+    return job, -1 if shard is None else shard
 
 
 def _choice(answered: Any, *, chat: bool) -> dict[str, Any]:
@@ -396,22 +392,3 @@ def _choice(answered: Any, *, chat: bool) -> dict[str, Any]:
     if answered.get("logprobs") is not None:
         choice["logprobs"] = answered["logprobs"]
     return choice
-
-
-def job_of(request_id: str) -> str:
-    """The job a request belongs to: request ids start with the attempt's lease,
-    ``<workflow id>/<activity id>#<attempt>:<n>``, and a job's shard workflow ids
-    start with ``<job id>/`` (job ids hold no "/")."""
-    return request_id.split("/", 1)[0]
-
-
-def _load_tokenizer(model: str) -> Any:
-    """The model's tokenizer when it is at hand (a local folder or the local cache;
-    nothing is downloaded), else None: prompts are then estimated as chars/4."""
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(model, local_files_only=True)
-    except Exception as exc:  # any failure means: estimate
-        log.info("no tokenizer for %s (%s): prompt tokens estimated as chars/4", model, exc)
-        return None

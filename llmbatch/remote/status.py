@@ -51,8 +51,10 @@ async def endpoint_state(pool: Database, name: str) -> EndpointState:
 
 
 async def job_lines(dsn: str, job_id: str, *, items_done: int) -> list[str]:
-    """What ``status`` shows of a job's remote work: why llm-batch paused it, and its
-    requests, 429s, retries and cost on each endpoint (nothing for a GPU job)."""
+    """What ``status`` shows of a job's remote work: why llm-batch paused it; on each
+    endpoint, the job's requests, 429s, retries, whether it is rate- or engine-bound,
+    its cost so far and per item; and the endpoint's send rate against its limits
+    (nothing for a GPU job)."""
     from llmbatch.ledger.db import create_pool
     from llmbatch.remote.pause import paused_reason
     from llmbatch.remote.usage import job_usage
@@ -61,6 +63,7 @@ async def job_lines(dsn: str, job_id: str, *, items_done: int) -> list[str]:
     try:
         reason = await paused_reason(pool, job_id=job_id)
         usage = await job_usage(pool, job_id=job_id)
+        states = {u.endpoint: await _state_or_none(pool, u.endpoint) for u in usage}
     finally:
         await pool.close()
     lines = []
@@ -68,10 +71,18 @@ async def job_lines(dsn: str, job_id: str, *, items_done: int) -> list[str]:
         how = "to go on past it" if reason.startswith("cost cap") else "once fixed"
         lines.append(f"paused by llm-batch: {reason}; {how}: llm-batch resume {job_id}")
     for u in usage:
-        per_item = f", ${u.cost_usd / items_done:.6f} per item" if items_done else ""
         lines.append(
-            f"endpoint {u.endpoint}: {u.requests} requests, {u.throttled} refused with "
-            f"429/503, {u.retries} sent again; {u.prompt_tokens} prompt + "
-            f"{u.completion_tokens} completion tokens, ${u.cost_usd:.4f} so far{per_item}"
+            u.usage.describe(items_done).replace("endpoint:", f"endpoint {u.endpoint}:", 1)
+            + f"; {u.usage.prompt_tokens} prompt + {u.usage.completion_tokens} completion tokens"
         )
+        state = states[u.endpoint]
+        if state is not None:
+            lines.append(f"endpoint {u.endpoint} now: {state.line()}")
     return lines
+
+
+async def _state_or_none(pool: Database, name: str) -> EndpointState | None:
+    try:
+        return await endpoint_state(pool, name)
+    except LookupError:  # removed since the job ran
+        return None

@@ -1,5 +1,6 @@
 """Shared pieces of the remote endpoint tests: the CPU worker in this process (it runs
-the workflows), endpoints declared through the CLI, jobs and what came out of them."""
+the workflows), endpoints declared through the CLI, jobs and what came out of them,
+and :class:`RemoteCase`, the parts one end-to-end test uses, as one fixture."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +22,15 @@ import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
 
 from llmbatch import ledger
+from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.contract.messages import JobProgress
+from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import settings_env, wait_for_pollers
 from llmbatch.devstack.process import LoggedProcess
-from tests.fixtures.openai_server import CANARY_KEY, remote_worker_process
-from tests.fixtures.worker_processes import stop_worker
+from tests.fixtures.openai_server import CANARY_KEY, Gateway, OpenAIServer, remote_worker_process
+from tests.fixtures.worker_processes import job_result, stop_worker
 
 KEY_ENV = "LLMBATCH_TEST_ENDPOINT_KEY"
 
@@ -137,3 +140,84 @@ async def until_paused(handle: WorkflowHandle[Any, Any], *, within_s: float) -> 
         await asyncio.sleep(0.5)
         progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
     return progress
+
+
+@dataclass(frozen=True)
+class RemoteCase:
+    """What an end-to-end remote test works with: the stack (its workflows and CPU
+    steps in this process), the Temporal client, vLLM's server, a gateway in front of
+    it checking the canary key, a ledger pool and the test's folder."""
+
+    settings: Settings
+    client: Client
+    server: OpenAIServer
+    gateway: Gateway
+    pool: asyncpg.Pool
+    folder: Path
+    # Worker processes started with :meth:`worker`, stopped when the test ends.
+    started: list[LoggedProcess] = field(default_factory=list)
+
+    def endpoint(self, *options: str, base_url: str | None = None) -> str:
+        """A new endpoint at the gateway (or ``base_url``), declared with the CLI."""
+        return add_endpoint(self.settings, base_url or self.gateway.base_url, *options)
+
+    def job(self, endpoint: str, rows: list[dict[str, Any]], **options: Any) -> JobSpec:
+        """A chat job of ``rows`` on ``endpoint`` (see :func:`job` for ``options``)."""
+        return job(self.folder, endpoint=endpoint, model=self.server.model, rows=rows, **options)
+
+    def workers(
+        self, endpoint: str, *, count: int = 1
+    ) -> contextlib.AbstractAsyncContextManager[list[LoggedProcess]]:
+        """``count`` remote workers of ``endpoint``, polling (logs remote-N.log)."""
+        logs = [self.folder / f"remote-{n}.log" for n in range(count)]
+        return remote_workers(
+            self.settings, self.client, endpoint=endpoint, model=self.server.model, logs=logs
+        )
+
+    def worker(self, endpoint: str, name: str, *args: str) -> LoggedProcess:
+        """One ``llm-batch worker remote`` (``args`` added) with the canary key, its
+        log ``NAME.log``; stopped at the end of the test at the latest."""
+        proc = remote_worker_process(
+            self.settings, endpoint, self.folder / f"{name}.log", *args, env={KEY_ENV: CANARY_KEY}
+        )
+        self.started.append(proc)
+        return proc
+
+    async def polling(self, endpoint: str, procs: Sequence[LoggedProcess]) -> None:
+        """Until ``procs`` poll the endpoint's queue for the server's model."""
+        queue = self.settings.gpu_task_queue(self.server.model, endpoint=endpoint)
+        await wait_for_pollers(self.client, [queue], procs=procs, within_s=180)
+
+    async def start(self, spec: JobSpec) -> WorkflowHandle[Any, Any]:
+        handle, _ = await start_job(self.client, spec, settings=self.settings)
+        return handle
+
+    async def run(self, spec: JobSpec, *, within_s: float = 300) -> JobSummary:
+        """Start the job and wait for its summary."""
+        return await asyncio.wait_for(job_result(await self.start(spec)), within_s)
+
+    def output_ids(self, job_id: str) -> list[str]:
+        return output_ids(self.folder, job_id)
+
+    def assert_exactly_once(self, spec: JobSpec, summary: JobSummary, items: int) -> None:
+        """Every item succeeded and is in the output once."""
+        assert (summary.items_succeeded, summary.items_dead) == (items, 0)
+        ids = self.output_ids(spec.job_id)
+        assert len(ids) == items and len(set(ids)) == items
+
+
+@pytest.fixture
+def remote(
+    cpu_only: Settings,
+    temporal_client: Client,
+    openai_server: OpenAIServer,
+    gateway: Gateway,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> Iterator[RemoteCase]:
+    case = RemoteCase(cpu_only, temporal_client, openai_server, gateway, pool, tmp_path)
+    try:
+        yield case
+    finally:
+        for proc in case.started:
+            stop_worker(proc)

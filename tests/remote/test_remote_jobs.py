@@ -12,27 +12,15 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
-from llmbatch.client.temporal import start_job
-from llmbatch.config import Settings
 from llmbatch.contract.names import RESUME_UPDATE
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.remote.usage import job_usage
-from tests.fixtures.openai_server import (
-    CANARY_KEY,
-    Gateway,
-    OpenAIServer,
-)
+from tests.fixtures.openai_server import CANARY_KEY
 from tests.fixtures.worker_processes import job_result
-from tests.remote.conftest import (
-    add_endpoint,
-    cli,
-    job,
-    output_ids,
-    remote_workers,
-    until_paused,
-)
+from tests.remote.conftest import RemoteCase, cli, until_paused
 
 # A text far past the tiny model's 512-token context: the server refuses it (400).
 TOO_LONG = "word " * 700
@@ -71,36 +59,29 @@ async def _canary_in_history(client: Client, workflow_ids: list[str]) -> list[st
 
 
 async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
-    settings = cpu_only
-    endpoint = add_endpoint(
-        settings, gateway.base_url, "--rpm", "6000", "--input-price", "1.5",
-        "--output-price", "2",
-    )  # fmt: skip
+    settings, gateway, pool, tmp_path = remote.settings, remote.gateway, remote.pool, remote.folder
+    # No rate limit: requests wait on the server only (engine-bound).
+    endpoint = remote.endpoint("--input-price", "1.5", "--output-price", "2")
     rows = [
         {"id": f"r{i}", "text": TOO_LONG if i % 20 == 7 else f"Say something about {i}."}
         for i in range(60)
     ]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
-    spec = spec.model_copy(update={"id_field": "id"})
-    log = tmp_path / "remote.log"
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=[log]
-    ):
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
+    spec = remote.job(endpoint, rows).model_copy(update={"id_field": "id"})
+    async with remote.workers(endpoint) as procs:
+        # The remote worker loads no engine: no vLLM or torch library in its memory.
+        maps = await asyncio.to_thread(Path(f"/proc/{procs[0].pid}/maps").read_text)
+        assert "/vllm/" not in maps and "/torch/" not in maps
+        handle = await remote.start(spec)
         summary = await asyncio.wait_for(job_result(handle), 300)
+    log = procs[0].log
     # After a clean stop, which records the worker's last counts.
     status = cli(settings, "status", spec.job_id)
     shown = cli(settings, "endpoint", "show", endpoint)
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (60, 57, 3)
-    ids = output_ids(tmp_path, spec.job_id)
+    ids = remote.output_ids(spec.job_id)
     assert sorted(ids) == sorted(r["id"] for r in rows)
     dead = await pool.fetch(
         "SELECT item_id, error_class, error_message FROM items "
@@ -114,41 +95,58 @@ async def test_remote_job_exactly_once_refused_rows_dead_and_key_nowhere(
     # Each item reached the endpoint once: no failures, nothing to send again.
     sent = gateway.requests("/chat/completions")
     assert len(sent) == 60 and {s for _, s in sent} == {200, 400}
-    usage = await job_usage(pool, job_id=spec.job_id)
-    assert len(usage) == 1 and usage[0].requests == 60 and usage[0].throttled == 0
-    assert usage[0].prompt_tokens > 0 and usage[0].completion_tokens == 57 * 8
-    expected = (usage[0].prompt_tokens * 1.5 + usage[0].completion_tokens * 2) / 1e6
-    assert usage[0].cost_usd == pytest.approx(expected)
+    per_endpoint = await job_usage(pool, job_id=spec.job_id)
+    assert [u.endpoint for u in per_endpoint] == [endpoint]
+    usage = per_endpoint[0].usage
+    assert (usage.requests, usage.throttled, usage.retries) == (60, 0, 0)
+    assert usage.prompt_tokens > 0 and usage.completion_tokens == 57 * 8
+    expected = (usage.prompt_tokens * 1.5 + usage.completion_tokens * 2) / 1e6
+    assert usage.cost_usd == pytest.approx(expected)
+    # What operators see: the shards' summaries carry the same figures to the job's
+    # workflow (its summary, its Web UI details line) and to the manifest.
+    used = summary.usage.remote
+    assert used is not None and (used.requests, used.throttled) == (60, 0)
+    assert used.cost_usd == pytest.approx(expected)
+    assert used.server_s > 0 and used.rate_wait_s < 0.1 * used.server_s
+    assert used.bound == "engine-bound"
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "endpoint: 60 requests, 0 refused with 429/503, 0 sent again; engine-bound" in (
+        metadata.current_details
+    )
+    manifest = json.loads((tmp_path / "out" / spec.job_id / "manifest.json").read_text())
+    shown_remote = manifest["usage"]["remote"]
+    assert shown_remote["requests"] == 60 and shown_remote["bound"] == "engine-bound"
+    assert shown_remote["cost_per_item_usd"] == pytest.approx(expected / 60)
     assert shown.returncode == 0 and "60 requests sent" in shown.stdout, shown.stdout
-    assert status.returncode == 0 and "endpoint" in status.stdout, status.stdout
+    assert status.returncode == 0, status.stdout + status.stderr
+    lines = [line.strip() for line in status.stdout.splitlines()]
+    assert any(
+        line.startswith(f"endpoint {endpoint}: 60 requests, 0 refused with 429/503")
+        and "engine-bound" in line
+        and f"${expected / 60:.6f} per item" in line
+        for line in lines
+    ), status.stdout
+    assert f"endpoint {endpoint} now: no rate limit; 60 requests sent" in status.stdout
     # The key: in no log, ledger row, history or output.
     assert CANARY_KEY not in log.read_text()
     assert CANARY_KEY not in status.stdout + shown.stdout
     assert await _canary_in_ledger(pool) == []
     shard_ids = [f"{spec.job_id}/shard-{n:05d}" for n in range(3)]
-    assert await _canary_in_history(temporal_client, [spec.job_id, *shard_ids]) == []
+    assert await _canary_in_history(remote.client, [spec.job_id, *shard_ids]) == []
     for part in (tmp_path / "out").rglob("*"):
         if part.is_file():
             assert CANARY_KEY not in part.read_text(errors="replace")
 
 
 async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
-    settings = cpu_only
-    endpoint = add_endpoint(settings, gateway.base_url, "--rpm", "600", "--max-concurrency", "4")
+    settings, gateway, pool = remote.settings, remote.gateway, remote.pool
+    endpoint = remote.endpoint("--rpm", "600", "--max-concurrency", "4")
     rows = [{"text": f"Count to {i}."} for i in range(150)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=50)
-    logs = [tmp_path / "remote.log"]
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
-    ):
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
+    spec = remote.job(endpoint, rows, shard_size=50)
+    async with remote.workers(endpoint):
+        handle = await remote.start(spec)
         await _until(lambda: len(gateway.requests("/chat/completions")) >= 20)
         gateway.reload(key="sk-the-key-was-rotated")  # the worker's key is refused now
         revoked_at = time.monotonic()
@@ -173,39 +171,23 @@ async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
     assert 0 < len(refused) <= 4 * 3
     lines = [line for line in status.stdout.splitlines() if "HTTP 401" in line]
     assert len(lines) == 1 and "resume" in lines[0], status.stdout + status.stderr
-    assert (summary.items_succeeded, summary.items_dead) == (150, 0)
-    ids = output_ids(tmp_path, spec.job_id)
-    assert len(ids) == 150 and len(set(ids)) == 150
+    remote.assert_exactly_once(spec, summary, 150)
 
 
-async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
-) -> None:
-    settings = cpu_only
+async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(remote: RemoteCase) -> None:
+    settings, pool = remote.settings, remote.pool
     # 8 completion tokens at $2,000 per million: $0.016 an item, 5 items a second.
-    endpoint = add_endpoint(
-        settings, gateway.base_url, "--output-price", "2000", "--max-concurrency", "2",
-        "--rpm", "300",
-    )  # fmt: skip
+    endpoint = remote.endpoint("--output-price", "2000", "--max-concurrency", "2", "--rpm", "300")
     rows = [{"text": f"Name {i}."} for i in range(80)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows)
-    spec = spec.model_copy(update={"max_cost_usd": 0.3})
-    logs = [tmp_path / "remote.log"]
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
-    ):
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
+    spec = remote.job(endpoint, rows).model_copy(update={"max_cost_usd": 0.3})
+    async with remote.workers(endpoint):
+        handle = await remote.start(spec)
         progress = await until_paused(handle, within_s=120)
         assert progress.paused, "the job was not paused at its cost cap"
         # In a thread: this process's CPU worker answers the status query meanwhile.
         status = await asyncio.to_thread(cli, settings, "status", spec.job_id)
         spent = await pool.fetchval(
-            "SELECT cost_usd FROM endpoint_usage WHERE job_id = $1", spec.job_id
+            "SELECT sum(cost_usd) FROM endpoint_usage WHERE job_id = $1", spec.job_id
         )
         await handle.execute_update(RESUME_UPDATE)
         summary = await asyncio.wait_for(job_result(handle), 300)
@@ -213,41 +195,32 @@ async def test_max_cost_pauses_the_job_and_resume_goes_on_past_it(
     assert len(lines) == 1 and f"llm-batch resume {spec.job_id}" in lines[0], (
         status.stdout + status.stderr
     )
+    # Two requests at a time, 5 a second allowed: they wait for the budget, not the server.
+    assert any(
+        line.strip().startswith(f"endpoint {endpoint}:") and "rate-bound" in line
+        for line in status.stdout.splitlines()
+    ), status.stdout
     # Costs are added up once a second and running shards read the paused flag every
     # 2 s: the job passes its cap by at most ~3 s of sending ($0.08 a second here).
     assert 0.3 <= spent < 0.3 + 0.4
-    assert (summary.items_succeeded, summary.items_dead) == (80, 0)
-    assert len(set(output_ids(tmp_path, spec.job_id))) == 80
+    remote.assert_exactly_once(spec, summary, 80)
 
 
 async def test_a_remote_job_forwards_every_request_parameter_and_keeps_every_choice(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
     # The body sent carries the parameters an OpenAI batch line (or a job's
     # sampling.params) asks for; the server's n choices and logprobs are kept.
-    settings = cpu_only
-    endpoint = add_endpoint(settings, gateway.base_url, "--rpm", "6000")
+    endpoint = remote.endpoint("--rpm", "6000")
     rows = [{"id": f"r{i}", "text": f"Say something about {i}."} for i in range(3)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, prefix="params")
+    spec = remote.job(endpoint, rows, prefix="params")
     params = {"n": 2, "logprobs": True, "top_logprobs": 1, "presence_penalty": 0.5, "top_k": 5}
     sampling = SamplingSpec(max_tokens=4, temperature=0.8, seed=1, params=params)
     spec = spec.model_copy(update={"id_field": "id", "sampling": sampling})
-    async with remote_workers(
-        settings,
-        temporal_client,
-        endpoint=endpoint,
-        model=spec.model,
-        logs=[tmp_path / "remote.log"],
-    ):
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
-        summary = await asyncio.wait_for(job_result(handle), 300)
+    async with remote.workers(endpoint):
+        summary = await remote.run(spec)
     assert (summary.items_total, summary.items_succeeded) == (3, 3)
-    results = await pool.fetch(
+    results = await remote.pool.fetch(
         "SELECT result, completion_tokens FROM items WHERE job_id = $1", spec.job_id
     )
     for row in results:

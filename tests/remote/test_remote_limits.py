@@ -12,20 +12,16 @@ import asyncio
 import os
 import signal
 import time
-from pathlib import Path
 
 import asyncpg
 import pytest
-from temporalio.client import Client
 
 from llmbatch import ledger
-from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.remote import budget
-from tests.fixtures.openai_server import CANARY_KEY, Gateway, OpenAIServer, remote_worker_process
-from tests.fixtures.worker_processes import job_result, stop_worker, until_done
-from tests.remote.conftest import KEY_ENV, add_endpoint, job, output_ids, remote_workers
+from tests.fixtures.openai_server import CANARY_KEY, Gateway, OpenAIServer
+from tests.fixtures.worker_processes import job_result, until_done
+from tests.remote.conftest import RemoteCase, add_endpoint
 
 
 def _max_in_window(times: list[float], window_s: float) -> int:
@@ -68,45 +64,30 @@ async def test_leases_from_two_processes_stay_within_the_rpm(
 
 
 @pytest.mark.slow
-async def test_two_jobs_on_two_workers_share_the_endpoint_rpm(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
-) -> None:
-    settings = cpu_only
+async def test_two_jobs_on_two_workers_share_the_endpoint_rpm(remote: RemoteCase) -> None:
     # The gateway lets 6 requests a second through (a burst of 3 beyond), and answers
     # 429 to the rest; the endpoint is declared at 300 RPM (5/s) for all workers.
-    gateway = Gateway(tmp_path / "gateway", openai_server.port, CANARY_KEY, rate=6, burst=3)
+    gateway = Gateway(
+        remote.folder / "limited-gateway", remote.server.port, CANARY_KEY, rate=6, burst=3
+    )
     gateway.start()
-    endpoint = add_endpoint(settings, gateway.base_url, "--rpm", "300")
+    endpoint = remote.endpoint("--rpm", "300", base_url=gateway.base_url)
     specs = [
-        job(
-            tmp_path,
-            endpoint=endpoint,
-            model=openai_server.model,
-            rows=[{"text": f"Job {j}, row {i}."} for i in range(50)],
+        remote.job(
+            endpoint,
+            [{"text": f"Job {j}, row {i}."} for i in range(50)],
             shard_size=10,
             prefix=f"rpm{j}",
         )
         for j in range(2)
     ]
-    logs = [tmp_path / f"remote-{n}.log" for n in range(2)]
     try:
-        async with remote_workers(
-            settings, temporal_client, endpoint=endpoint, model=openai_server.model, logs=logs
-        ):
-            handles = [(await start_job(temporal_client, s, settings=settings))[0] for s in specs]
-            summaries = await asyncio.wait_for(
-                asyncio.gather(*(job_result(h) for h in handles)), 300
-            )
+        async with remote.workers(endpoint, count=2):
+            summaries = await asyncio.gather(*(remote.run(s) for s in specs))
     finally:
         gateway.stop()
     for spec, summary in zip(specs, summaries, strict=True):
-        assert (summary.items_succeeded, summary.items_dead) == (50, 0)
-        ids = output_ids(tmp_path, spec.job_id)
-        assert len(ids) == 50 and len(set(ids)) == 50
+        remote.assert_exactly_once(spec, summary, 50)
     seen = gateway.requests("/chat/completions")
     passed = [t for t, s in seen if s == 200]
     throttled = [t for t, s in seen if s == 429]
@@ -124,42 +105,25 @@ async def test_two_jobs_on_two_workers_share_the_endpoint_rpm(
 
 @pytest.mark.slow
 async def test_killed_remote_worker_is_replaced_and_every_item_ends_once(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
-    settings = cpu_only
-    endpoint = add_endpoint(settings, gateway.base_url, "--max-concurrency", "8")
+    endpoint = remote.endpoint("--max-concurrency", "8")
     rows = [{"text": f"Tell me about {i}."} for i in range(400)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=100,
-               max_tokens=16)  # fmt: skip
-    queue = settings.gpu_task_queue(spec.model, endpoint=endpoint)
-    env = {KEY_ENV: CANARY_KEY}
-    first = remote_worker_process(settings, endpoint, tmp_path / "remote-1.log", env=env)
-    second = None
-    try:
-        await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=180)
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
-        await until_done(pool, spec.job_id, 100, in_flight=True)
-        os.killpg(first.pid, signal.SIGKILL)
-        killed_at = time.time()
-        second = remote_worker_process(settings, endpoint, tmp_path / "remote-2.log", env=env)
-        summary = await asyncio.wait_for(job_result(handle), 600)
-    finally:
-        for proc in (first, second):
-            if proc is not None:
-                stop_worker(proc)
-    assert (summary.items_succeeded, summary.items_dead) == (400, 0)
-    ids = output_ids(tmp_path, spec.job_id)
-    assert len(ids) == 400 and len(set(ids)) == 400
+    spec = remote.job(endpoint, rows, shard_size=100, max_tokens=16)
+    first = remote.worker(endpoint, "remote-1")
+    await remote.polling(endpoint, [first])
+    handle = await remote.start(spec)
+    await until_done(remote.pool, spec.job_id, 100, in_flight=True)
+    os.killpg(first.pid, signal.SIGKILL)
+    killed_at = time.time()
+    remote.worker(endpoint, "remote-2")
+    summary = await asyncio.wait_for(job_result(handle), 600)
+    remote.assert_exactly_once(spec, summary, 400)
     # Delivery to the endpoint is at-least-once: what was in flight at the kill (8 per
     # worker, the endpoint's concurrency) and what was answered but not yet in the
     # ledger (results are recorded once a second; arrivals up to 3 s before the kill
     # on this loaded machine) reached the server twice.
-    answered = [t for t, s in gateway.requests("/chat/completions") if s == 200]
+    answered = [t for t, s in remote.gateway.requests("/chat/completions") if s == 200]
     sent = len(answered)
     recent = sum(1 for t in answered if killed_at - 3.0 <= t <= killed_at)
     twice = sent - 400
@@ -168,87 +132,56 @@ async def test_killed_remote_worker_is_replaced_and_every_item_ends_once(
 
 
 @pytest.mark.slow
-async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
-) -> None:
-    settings = cpu_only
-    endpoint = add_endpoint(settings, gateway.base_url, "--max-concurrency", "8", "--timeout", "5")
+async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(remote: RemoteCase) -> None:
+    pool, server = remote.pool, remote.server
+    endpoint = remote.endpoint("--max-concurrency", "8", "--timeout", "5")
     rows = [{"text": f"Describe {i}."} for i in range(200)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=50)
-    logs = [tmp_path / "remote.log"]
-    async with remote_workers(
-        settings, temporal_client, endpoint=endpoint, model=spec.model, logs=logs
-    ):
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
+    spec = remote.job(endpoint, rows, shard_size=50)
+    async with remote.workers(endpoint):
+        handle = await remote.start(spec)
         await until_done(pool, spec.job_id, 40)
         # The API server stops answering (its engine goes on): requests time out.
-        os.kill(openai_server.proc.pid, signal.SIGSTOP)
+        os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             await asyncio.sleep(30)
             frozen = await ledger.jobs.job_counts(pool, job_id=spec.job_id)
         finally:
-            os.kill(openai_server.proc.pid, signal.SIGCONT)
+            os.kill(server.proc.pid, signal.SIGCONT)
         summary = await asyncio.wait_for(job_result(handle), 300)
     assert frozen.dead == 0 and frozen.succeeded < 200
-    assert (summary.items_succeeded, summary.items_dead) == (200, 0)
-    ids = output_ids(tmp_path, spec.job_id)
-    assert len(ids) == 200 and len(set(ids)) == 200
+    remote.assert_exactly_once(spec, summary, 200)
     retried = await pool.fetchval(
-        "SELECT retries FROM endpoint_usage WHERE job_id = $1", spec.job_id
+        "SELECT sum(retries) FROM endpoint_usage WHERE job_id = $1", spec.job_id
     )
     assert retried > 0
 
 
 @pytest.mark.slow
 async def test_sigterm_drains_a_remote_worker_and_charges_no_item_an_attempt(
-    cpu_only: Settings,
-    temporal_client: Client,
-    openai_server: OpenAIServer,
-    gateway: Gateway,
-    pool: asyncpg.Pool,
-    tmp_path: Path,
+    remote: RemoteCase,
 ) -> None:
     """A remote worker told to stop (a spot notice, a scale-down) lets its requests in
     flight come back and records them, gives the rest back and exits 0 within its
     drain timeout; a second worker finishes the job. Unlike a SIGKILL, nothing is sent
     twice and no item is charged an attempt."""
-    settings = cpu_only
-    endpoint = add_endpoint(settings, gateway.base_url, "--max-concurrency", "8")
+    endpoint = remote.endpoint("--max-concurrency", "8")
     rows = [{"text": f"Tell me about {i}."} for i in range(300)]
-    spec = job(tmp_path, endpoint=endpoint, model=openai_server.model, rows=rows, shard_size=100,
-               max_tokens=16, prefix="drain")  # fmt: skip
-    queue = settings.gpu_task_queue(spec.model, endpoint=endpoint)
-    env = {KEY_ENV: CANARY_KEY}
-    first = remote_worker_process(
-        settings, endpoint, tmp_path / "remote-1.log", "--drain-timeout", "20", env=env
-    )
-    second = None
-    try:
-        await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=180)
-        handle, _ = await start_job(temporal_client, spec, settings=settings)
-        await until_done(pool, spec.job_id, 60, in_flight=True)
-        first.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
-        code = await asyncio.to_thread(first.wait, 60)
-        stopped_after = time.monotonic() - signalled
-        second = remote_worker_process(settings, endpoint, tmp_path / "remote-2.log", env=env)
-        summary = await asyncio.wait_for(job_result(handle), 600)
-    finally:
-        for proc in (first, second):
-            if proc is not None:
-                stop_worker(proc)
+    spec = remote.job(endpoint, rows, shard_size=100, max_tokens=16, prefix="drain")
+    first = remote.worker(endpoint, "remote-1", "--drain-timeout", "20")
+    await remote.polling(endpoint, [first])
+    handle = await remote.start(spec)
+    await until_done(remote.pool, spec.job_id, 60, in_flight=True)
+    first.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    code = await asyncio.to_thread(first.wait, 60)
+    stopped_after = time.monotonic() - signalled
+    remote.worker(endpoint, "remote-2")
+    summary = await asyncio.wait_for(job_result(handle), 600)
     assert code == 0, first.exit_message()
     assert stopped_after < 20 + 15  # the drain, then the process's own exit
-    assert (summary.items_succeeded, summary.items_dead) == (300, 0)
-    ids = output_ids(tmp_path, spec.job_id)
-    assert len(ids) == 300 and len(set(ids)) == 300
-    attempts = await pool.fetch("SELECT attempt FROM items WHERE job_id = $1", spec.job_id)
+    remote.assert_exactly_once(spec, summary, 300)
+    attempts = await remote.pool.fetch("SELECT attempt FROM items WHERE job_id = $1", spec.job_id)
     assert {r["attempt"] for r in attempts} == {1}
-    answered = [t for t, s in gateway.requests("/chat/completions") if s == 200]
+    answered = [t for t, s in remote.gateway.requests("/chat/completions") if s == 200]
     assert len(answered) == 300, len(answered)
     print(f"SIGTERM mid-job: worker stopped in {stopped_after:.1f} s, {len(answered)} requests")

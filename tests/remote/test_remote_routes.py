@@ -107,7 +107,7 @@ async def test_a_batch_for_a_routed_model_waits_for_the_endpoints_worker_and_run
         sent = gateway.requests("/chat/completions")
         assert len(sent) == 6 and {s for _, s in sent} == {200}
         usage = await pool.fetchval(
-            "SELECT requests FROM endpoint_usage WHERE job_id = $1 AND endpoint = $2",
+            "SELECT sum(requests) FROM endpoint_usage WHERE job_id = $1 AND endpoint = $2",
             created.id,
             endpoint,
         )

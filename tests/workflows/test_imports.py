@@ -180,6 +180,14 @@ def test_the_engine_interface_and_the_ledger_come_without_vllm() -> None:
     assert [m for m in loaded if m.split(".")[0] in ("vllm", "torch", "boto3")] == []
 
 
+def test_the_remote_worker_comes_without_vllm_or_torch() -> None:
+    """``llm-batch worker remote`` needs the network and a key, not an engine: importing
+    its module (and the remote engine, and its prompt-token estimate) loads no vLLM,
+    torch or transformers, which took ~10 s before the worker started."""
+    loaded = _loaded("workers.remote", "llmbatch.remote.engine", "llmbatch.remote.tokens")
+    assert [m for m in loaded if m.split(".")[0] in ("vllm", "torch", "transformers")] == []
+
+
 def _circle(graph: dict[str, set[str]]) -> list[str]:
     """A circle of imports in ``graph`` (module -> the modules it imports), or []."""
     done: set[str] = set()
