@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import openai
 import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
@@ -31,6 +32,7 @@ from llmbatch.devstack.demo import settings_env, wait_for_pollers
 from llmbatch.devstack.process import LoggedProcess
 from tests.fixtures.openai_server import CANARY_KEY, Gateway, OpenAIServer, remote_worker_process
 from tests.fixtures.worker_processes import job_result, stop_worker
+from tests.llmbatch.api.helpers import lines_of, until
 
 KEY_ENV = "LLMBATCH_TEST_ENDPOINT_KEY"
 
@@ -129,6 +131,36 @@ async def remote_workers(
     finally:
         for proc in procs:
             stop_worker(proc)
+
+
+async def batch_on_endpoint(
+    client: openai.AsyncOpenAI,
+    batch_id: str,
+    lines: list[dict[str, Any]],
+    *,
+    settings: Settings,
+    temporal_client: Client,
+    endpoint: str,
+    model: str,
+    log: Path,
+) -> list[dict[str, Any]]:
+    """The output lines of batch ``batch_id`` (of request ``lines``) once one remote
+    worker of ``endpoint`` has run it: completed, every line once and answered 200."""
+    async with remote_workers(
+        settings, temporal_client, endpoint=endpoint, model=model, logs=[log]
+    ):
+        batch = await until(
+            client, batch_id, lambda b: b.status not in ("validating", "in_progress", "finalizing")
+        )
+    assert batch.status == "completed", batch
+    assert batch.request_counts is not None
+    total = len(lines)
+    assert batch.request_counts.model_dump() == {"total": total, "completed": total, "failed": 0}
+    out = await lines_of(client, batch.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)
+    for line in out:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+    return out
 
 
 async def until_paused(handle: WorkflowHandle[Any, Any], *, within_s: float) -> JobProgress:

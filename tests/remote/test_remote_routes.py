@@ -22,13 +22,18 @@ from tests.fixtures.openai_server import CANARY_KEY, Gateway, OpenAIServer
 from tests.llmbatch.api.helpers import (
     assert_openai_error,
     jsonl,
-    lines_of,
     new_client,
     request_line,
-    until,
 )
 from tests.llmbatch.cli.test_schedules import finished, runs_of
-from tests.remote.conftest import KEY_ENV, add_endpoint, cli, output_ids, remote_workers
+from tests.remote.conftest import (
+    KEY_ENV,
+    add_endpoint,
+    batch_on_endpoint,
+    cli,
+    output_ids,
+    remote_workers,
+)
 
 CHAT = "/v1/chat/completions"
 
@@ -88,21 +93,10 @@ async def test_a_batch_for_a_routed_model_waits_for_the_endpoints_worker_and_run
         spec = await pool.fetchval("SELECT spec FROM jobs WHERE job_id = $1", created.id)
         assert spec["remote_endpoint"] == endpoint and spec["model"] == model
 
-        async with remote_workers(
-            settings, temporal_client, endpoint=endpoint, model=model, logs=[tmp_path / "w.log"]
-        ):
-            batch = await until(
-                client,
-                created.id,
-                lambda b: b.status not in ("validating", "in_progress", "finalizing"),
-            )
-        assert batch.status == "completed", batch
-        assert batch.request_counts is not None
-        assert batch.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
-        out = await lines_of(client, batch.output_file_id)
-        assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)
-        for line in out:
-            assert line["error"] is None and line["response"]["status_code"] == 200
+        await batch_on_endpoint(
+            client, created.id, lines, settings=settings, temporal_client=temporal_client,
+            endpoint=endpoint, model=model, log=tmp_path / "w.log",
+        )  # fmt: skip
         # Once each on the endpoint, nothing on a GPU queue: the gateway saw every one.
         sent = gateway.requests("/chat/completions")
         assert len(sent) == 6 and {s for _, s in sent} == {200}
