@@ -28,6 +28,42 @@ _Conc = Annotated[int | None, typer.Option(help="Requests in flight per worker (
 _InPrice = Annotated[float | None, typer.Option(help="USD per 1M prompt tokens.")]
 _OutPrice = Annotated[float | None, typer.Option(help="USD per 1M completion tokens.")]
 _Timeout = Annotated[float | None, typer.Option(help="Seconds one request may take (600).")]
+_BatchApi = Annotated[
+    bool,
+    typer.Option(
+        "--batch-api",
+        help="It speaks OpenAI's Files + Batches API: jobs may run on it with --via batch.",
+    ),
+]
+_BatchIn = Annotated[float | None, typer.Option(help="Batch API: USD per 1M prompt tokens.")]
+_BatchOut = Annotated[float | None, typer.Option(help="Batch API: USD per 1M completion tokens.")]
+_BatchRequests = Annotated[
+    int | None, typer.Option(help="Batch API: requests a batch may hold (50000).")
+]
+_BatchBytes = Annotated[int | None, typer.Option(help="Batch API: bytes a requests file may hold.")]
+_BatchFlight = Annotated[
+    int | None, typer.Option(help="Batch API: batches in flight at once (100; not enforced yet).")
+]
+_BatchWindow = Annotated[
+    str | None, typer.Option(help="Batch API: the completion window asked for ('24h').")
+]
+
+
+def _batch_options(*, batch_api: bool, **given: Any) -> dict[str, Any] | None:
+    """The Batch API options given, or None when neither --batch-api nor one was."""
+    changes = {k: v for k, v in given.items() if v is not None}
+    return changes if batch_api or changes else None
+
+
+async def _set_batch_api(pool: Any, name: str, changes: dict[str, Any] | None) -> None:
+    from llmbatch.provider.settings import set_batch_api
+
+    if changes is None:
+        return
+    try:
+        await set_batch_api(pool, name, changes)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
 
 
 def _options(**given: Any) -> dict[str, Any]:
@@ -52,6 +88,13 @@ def add(
     input_price: _InPrice = None,
     output_price: _OutPrice = None,
     timeout: _Timeout = None,
+    batch_api: _BatchApi = False,
+    batch_input_price: _BatchIn = None,
+    batch_output_price: _BatchOut = None,
+    batch_max_requests: _BatchRequests = None,
+    batch_max_bytes: _BatchBytes = None,
+    batch_max_in_flight: _BatchFlight = None,
+    batch_window: _BatchWindow = None,
 ) -> None:
     """Declare an OpenAI-compatible endpoint (a vLLM/SGLang/TGI server, a gateway, an API)."""
     from llmbatch.remote.endpoints import EndpointConfig, EndpointError, add_endpoint
@@ -74,11 +117,23 @@ def add(
     except ValidationError as exc:
         raise _invalid(exc) from None
 
+    batch = _batch_options(
+        batch_api=batch_api,
+        batch_input_price=batch_input_price,
+        batch_output_price=batch_output_price,
+        max_requests=batch_max_requests,
+        max_bytes=batch_max_bytes,
+        max_in_flight=batch_max_in_flight,
+        completion_window=batch_window,
+    )
+
     async def use(pool: Any) -> Any:
         try:
-            return await add_endpoint(pool, config)
+            added = await add_endpoint(pool, config)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
+        await _set_batch_api(pool, name, batch)
+        return added
 
     endpoint = run(_with_pool(Settings(), use))
     out.print(f"endpoint [bold]{endpoint.name}[/bold] added: {_line(endpoint)}", highlight=False)
@@ -96,6 +151,13 @@ def update(
     input_price: _InPrice = None,
     output_price: _OutPrice = None,
     timeout: _Timeout = None,
+    batch_api: _BatchApi = False,
+    batch_input_price: _BatchIn = None,
+    batch_output_price: _BatchOut = None,
+    batch_max_requests: _BatchRequests = None,
+    batch_max_bytes: _BatchBytes = None,
+    batch_max_in_flight: _BatchFlight = None,
+    batch_window: _BatchWindow = None,
 ) -> None:
     """Change some of an endpoint's options (new limits reach running workers' leases)."""
     from llmbatch.remote.endpoints import EndpointError, update_endpoint
@@ -112,9 +174,21 @@ def update(
         timeout=timeout,
     )
 
+    batch = _batch_options(
+        batch_api=batch_api,
+        batch_input_price=batch_input_price,
+        batch_output_price=batch_output_price,
+        max_requests=batch_max_requests,
+        max_bytes=batch_max_bytes,
+        max_in_flight=batch_max_in_flight,
+        completion_window=batch_window,
+    )
+
     async def use(pool: Any) -> Any:
         try:
-            return await update_endpoint(pool, name, changes)
+            endpoint = await update_endpoint(pool, name, changes)
+            await _set_batch_api(pool, name, batch)
+            return endpoint
         except EndpointError as exc:
             raise CliError(str(exc)) from None
         except ValidationError as exc:
@@ -145,21 +219,26 @@ def show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """One endpoint, and its shared send rate and counters now."""
+    from llmbatch.provider.settings import get_batch_api
     from llmbatch.remote.endpoints import EndpointError, get_endpoint
     from llmbatch.remote.status import endpoint_state
 
     async def use(pool: Any) -> Any:
         try:
-            return await get_endpoint(pool, name), await endpoint_state(pool, name)
+            endpoint = await get_endpoint(pool, name)
+            return endpoint, await endpoint_state(pool, name), await get_batch_api(pool, name)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, state = run(_with_pool(Settings(), use))
+    endpoint, state, batch_api = run(_with_pool(Settings(), use))
     if as_json:
-        emit_json({**endpoint.model_dump(mode="json"), **state.as_dict()})
+        batch = {"batch_api": batch_api.model_dump() if batch_api else None}
+        emit_json({**endpoint.model_dump(mode="json"), **state.as_dict(), **batch})
         return
     out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
     out.print(f"  {state.line()}", highlight=False)
+    if batch_api is not None:
+        out.print(f"  Batch API: {batch_api.line()}", highlight=False)
 
 
 @app.command("remove")

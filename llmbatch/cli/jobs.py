@@ -34,7 +34,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.priority import DEFAULT_PRIORITY
 from llmbatch.contract.progress import format_duration
-from llmbatch.contract.spec import JobSpec, Task
+from llmbatch.contract.spec import EndpointVia, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, JobState
 
 
@@ -113,16 +113,18 @@ async def _submit(
 ) -> None:
     await check_inputs(spec, settings)
     if spec.remote_endpoint is not None:
-        await _check_endpoint(settings, spec.remote_endpoint)
+        await _check_endpoint(settings, spec.remote_endpoint, batch=spec.via is EndpointVia.BATCH)
     client = await connect(settings)
-    await _check_worker(
-        client,
-        spec.model,
-        settings,
-        require=require_worker,
-        task=spec.task,
-        endpoint=spec.remote_endpoint,
-    )
+    # Via batch, CPU workers wait for the provider: no engine worker is needed.
+    if spec.via is not EndpointVia.BATCH:
+        await _check_worker(
+            client,
+            spec.model,
+            settings,
+            require=require_worker,
+            task=spec.task,
+            endpoint=spec.remote_endpoint,
+        )
     handle, started = await start_job(client, spec, settings=settings)
     if not started and not attach:
         await _refuse_other_spec(client, spec)
@@ -138,14 +140,16 @@ async def _submit(
         print_summary(summary, as_json=as_json)
 
 
-async def _check_endpoint(settings: Settings, name: str) -> None:
-    """A job on an endpoint nobody declared would wait for ever: refuse it now."""
+async def _check_endpoint(settings: Settings, name: str, *, batch: bool = False) -> None:
+    """A job on an endpoint nobody declared (or, ``batch``, whose Batch API nobody
+    declared) would wait for ever: refuse it now."""
     from llmbatch import ledger
+    from llmbatch.provider.settings import batch_endpoint
     from llmbatch.remote.endpoints import EndpointError, get_endpoint
 
     pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
     try:
-        await get_endpoint(pool, name)
+        await (batch_endpoint(pool, name) if batch else get_endpoint(pool, name))
     except EndpointError as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -253,6 +257,10 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     for line in await job_lines(
         settings.postgres_dsn.get_secret_value(), job_id, items_done=p.items_done
     ):
+        out.print(f"  {escape(line)}", highlight=False)
+    from llmbatch.provider.status import job_lines as provider_lines
+
+    for line in await provider_lines(settings.postgres_dsn.get_secret_value(), job_id):
         out.print(f"  {escape(line)}", highlight=False)
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
     out.print(f"  web ui: {job_url(settings, job_id)}")

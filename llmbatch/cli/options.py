@@ -26,7 +26,14 @@ from llmbatch.cli.common import fail
 from llmbatch.config import Settings
 from llmbatch.contract import uris
 from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
-from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat, Task
+from llmbatch.contract.spec import (
+    ChatMessage,
+    EndpointVia,
+    InputFormat,
+    JobSpec,
+    OutputFormat,
+    Task,
+)
 from llmbatch.formats import planning
 from llmbatch.tables import jobs as tables
 
@@ -51,6 +58,13 @@ class JobOptions:
         typer.Option(
             help="Run on this remote endpoint (llm-batch endpoint add); --model is then the "
             "name the endpoint serves it under."
+        ),
+    ] = None
+    via: Annotated[
+        EndpointVia | None,
+        typer.Option(
+            help="With --endpoint: 'batch' hands each shard to the endpoint's Batch API "
+            "(endpoint add --batch-api) at its batch prices; 'online' (default) sends requests."
         ),
     ] = None
     max_cost: Annotated[
@@ -190,6 +204,7 @@ class JobOptions:
             ("tenant", self.tenant),
             ("tenant_weight", self.tenant_weight),
             ("remote_endpoint", self.endpoint),
+            ("via", self.via),
             ("max_cost_usd", self.max_cost),
         ]
         for key, value in options:
