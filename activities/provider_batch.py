@@ -30,10 +30,9 @@ from llmbatch.contract.provider import (
     ProviderBatchRef,
     ProviderBatchState,
     ProviderGiveUp,
-    ProviderStatus,
     ProviderSubmit,
 )
-from llmbatch.contract.states import ErrorClass, FailureType, ItemStatus
+from llmbatch.contract.states import BatchStatus, ErrorClass, FailureType, ItemStatus
 from llmbatch.dedup.coordination import Group, groups_to_run
 from llmbatch.engine.requests import GenerationRequest, failed
 from llmbatch.formats.records import StagedRequest, load_jsonl
@@ -201,7 +200,7 @@ class ProviderBatchActivities:
         counts = batch.get("request_counts") or {}
         errors = (batch.get("errors") or {}).get("data") or []
         state = ProviderBatchState(
-            status=ProviderStatus(batch["status"]),
+            status=BatchStatus(batch["status"]),
             completed=int(counts.get("completed") or 0),
             failed=int(counts.get("failed") or 0),
             total=int(counts.get("total") or 0),

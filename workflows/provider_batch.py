@@ -26,13 +26,13 @@ with workflow.unsafe.imports_passed_through():
         PROVIDER_COLLECT,
         PROVIDER_GIVE_UP,
         PROVIDER_SUBMIT,
+        TERMINAL,
         ProviderBatchRef,
         ProviderBatchState,
         ProviderGiveUp,
-        ProviderStatus,
         ProviderSubmit,
     )
-    from llmbatch.contract.states import ErrorClass
+    from llmbatch.contract.states import BatchStatus, ErrorClass
 
 from workflows import options
 
@@ -68,9 +68,9 @@ class ProviderBatchWorkflow:
                 )
                 raise
             if state.status in (
-                ProviderStatus.COMPLETED,
-                ProviderStatus.EXPIRED,
-                ProviderStatus.CANCELLED,
+                BatchStatus.COMPLETED,
+                BatchStatus.EXPIRED,
+                BatchStatus.CANCELLED,
             ):
                 # An expired or cancelled batch keeps what it finished in its files.
                 await workflow.execute_activity(
@@ -78,7 +78,7 @@ class ProviderBatchWorkflow:
                     ref,
                     **options.cpu_step(spec, summary=f"record provider batch {ref.batch_id}"),
                 )
-            if state.status is ProviderStatus.EXPIRED and submission < MAX_RESUBMISSIONS:
+            if state.status is BatchStatus.EXPIRED and submission < MAX_RESUBMISSIONS:
                 submission += 1
                 continue
             await self._give_up(ref, state)
@@ -102,23 +102,23 @@ class ProviderBatchWorkflow:
                 f"provider batch {ref.batch_id}: {state.status}, "
                 f"{state.completed + state.failed}/{state.total or ref.requests} done"
             )
-            if state.status.terminal:
+            if state.status in TERMINAL:
                 return state
             age = workflow.now() - started
             gap = min(MAX_CHECK_GAP, max(FIRST_CHECK, age / 10))
 
     async def _give_up(self, ref: ProviderBatchRef, state: ProviderBatchState) -> None:
         """Dead-letter what the batch left unanswered (nothing, normally)."""
-        if state.status is ProviderStatus.EXPIRED:
+        if state.status is BatchStatus.EXPIRED:
             error_class = ErrorClass.BATCH_EXPIRED
             message = (
                 f"provider batch {ref.batch_id} expired "
                 f"({MAX_RESUBMISSIONS + 1} submissions) before this request ran"
             )
-        elif state.status is ProviderStatus.CANCELLED:
+        elif state.status is BatchStatus.CANCELLED:
             error_class = ErrorClass.BATCH_CANCELLED
             message = f"provider batch {ref.batch_id} was cancelled before this request ran"
-        elif state.status is ProviderStatus.FAILED:
+        elif state.status is BatchStatus.FAILED:
             error_class = ErrorClass.INVALID_REQUEST
             message = f"provider batch {ref.batch_id} failed validation: " + (
                 "; ".join(state.errors) or "no reason given"

@@ -9,6 +9,7 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     CancelledError,
+    ChildWorkflowError,
     FailureError,
     TimeoutError,
     TimeoutType,
@@ -91,12 +92,19 @@ class ShardWorkflow:
         if rendered.to_generate and spec.via is EndpointVia.BATCH:
             _stop_if_cancelled()
             # The endpoint's Batch API runs the shard; the child waits for it durably.
-            await workflow.execute_child_workflow(
-                PROVIDER_BATCH_WORKFLOW,
-                input,
-                id=f"{workflow.info().workflow_id}/provider-batch",
-                priority=options.child_priority(spec),
-            )
+            try:
+                await workflow.execute_child_workflow(
+                    PROVIDER_BATCH_WORKFLOW,
+                    input,
+                    id=f"{workflow.info().workflow_id}/provider-batch",
+                    priority=options.child_priority(spec),
+                )
+            except ChildWorkflowError as err:
+                # A step of the child that failed for good fails the shard as a step
+                # of its own would: its unfinished items die with the reason.
+                if isinstance(err.cause, ActivityError):
+                    raise err.cause from None
+                raise
         elif rendered.to_generate:
             _stop_if_cancelled()
             # The shard page's details line: while this step waits, it is waiting for

@@ -49,10 +49,22 @@ _BatchWindow = Annotated[
 ]
 
 
-def _batch_options(*, batch_api: bool, **given: Any) -> dict[str, Any] | None:
-    """The Batch API options given, or None when neither --batch-api nor one was."""
-    changes = {k: v for k, v in given.items() if v is not None}
-    return changes if batch_api or changes else None
+# The command parameters of the Batch API's options, and the fields they set.
+_BATCH_FIELDS = {
+    "batch_input_price": "batch_input_price",
+    "batch_output_price": "batch_output_price",
+    "batch_max_requests": "max_requests",
+    "batch_max_bytes": "max_bytes",
+    "batch_max_in_flight": "max_in_flight",
+    "batch_window": "completion_window",
+}
+
+
+def _batch_options(given: dict[str, Any]) -> dict[str, Any] | None:
+    """The Batch API options among a command's parameters ``given``, or None when
+    neither --batch-api nor one of them was given."""
+    changes = {f: given[p] for p, f in _BATCH_FIELDS.items() if given[p] is not None}
+    return changes if given["batch_api"] or changes else None
 
 
 async def _set_batch_api(pool: Any, name: str, changes: dict[str, Any] | None) -> None:
@@ -117,15 +129,7 @@ def add(
     except ValidationError as exc:
         raise _invalid(exc) from None
 
-    batch = _batch_options(
-        batch_api=batch_api,
-        batch_input_price=batch_input_price,
-        batch_output_price=batch_output_price,
-        max_requests=batch_max_requests,
-        max_bytes=batch_max_bytes,
-        max_in_flight=batch_max_in_flight,
-        completion_window=batch_window,
-    )
+    batch = _batch_options(locals())
 
     async def use(pool: Any) -> Any:
         try:
@@ -174,15 +178,7 @@ def update(
         timeout=timeout,
     )
 
-    batch = _batch_options(
-        batch_api=batch_api,
-        batch_input_price=batch_input_price,
-        batch_output_price=batch_output_price,
-        max_requests=batch_max_requests,
-        max_bytes=batch_max_bytes,
-        max_in_flight=batch_max_in_flight,
-        completion_window=batch_window,
-    )
+    batch = _batch_options(locals())
 
     async def use(pool: Any) -> Any:
         try:

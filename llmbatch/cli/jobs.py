@@ -221,8 +221,13 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     queue = settings.gpu_task_queue(p.model, task, endpoint=endpoint)
     # Zero workers is a normal state (scaled to zero): say how long and how much waits.
     backlog = await describe_queue(client, queue) if waiting else None
+    from llmbatch.provider.status import job_report_at, report_lines
+
+    # Provider batches (jobs via batch): each one's status and counts, and the cost.
+    provider = await job_report_at(settings.postgres_dsn.get_secret_value(), job_id)
     if as_json:
         data = p.model_dump(mode="json")
+        data.update(provider)
         data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
         if backlog is not None:
             data.update(
@@ -258,9 +263,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
         settings.postgres_dsn.get_secret_value(), job_id, items_done=p.items_done
     ):
         out.print(f"  {escape(line)}", highlight=False)
-    from llmbatch.provider.status import job_lines as provider_lines
-
-    for line in await provider_lines(settings.postgres_dsn.get_secret_value(), job_id):
+    for line in report_lines(provider):
         out.print(f"  {escape(line)}", highlight=False)
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
     out.print(f"  web ui: {job_url(settings, job_id)}")

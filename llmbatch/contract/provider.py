@@ -5,12 +5,10 @@ Workflows import this module: pure data only.
 
 from __future__ import annotations
 
-import enum
-
 from pydantic import BaseModel
 
 from llmbatch.contract.messages import ShardInput
-from llmbatch.contract.states import ErrorClass
+from llmbatch.contract.states import BatchStatus, ErrorClass
 
 PROVIDER_BATCH_WORKFLOW = "ProviderBatchWorkflow"
 PROVIDER_SUBMIT = "provider_batch_submit"
@@ -24,33 +22,13 @@ PROVIDER_CANCEL = "provider_batch_cancel"
 MAX_RESUBMISSIONS = 2
 
 
-class ProviderStatus(enum.StrEnum):
-    """A provider batch's status, as OpenAI's Batch API names them (plus ours before
-    creation and when there was nothing to send)."""
-
-    PREPARING = "preparing"
-    EMPTY = "empty"
-    VALIDATING = "validating"
-    FAILED = "failed"
-    IN_PROGRESS = "in_progress"
-    FINALIZING = "finalizing"
-    COMPLETED = "completed"
-    EXPIRED = "expired"
-    CANCELLING = "cancelling"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in _TERMINAL
-
-
-_TERMINAL = {
-    ProviderStatus.EMPTY,
-    ProviderStatus.FAILED,
-    ProviderStatus.COMPLETED,
-    ProviderStatus.EXPIRED,
-    ProviderStatus.CANCELLED,
-}
+# A provider batch's status is OpenAI's (BatchStatus); before the batch is created the
+# ledger row says "preparing", and "empty" when the shard had nothing to send.
+PREPARING = "preparing"
+NOTHING_TO_SEND = "empty"
+TERMINAL = frozenset(
+    {BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
+)
 
 
 class ProviderSubmit(BaseModel):
@@ -75,7 +53,7 @@ class ProviderBatchRef(BaseModel):
 class ProviderBatchState(BaseModel):
     """What a status check found."""
 
-    status: ProviderStatus
+    status: BatchStatus
     completed: int = 0
     failed: int = 0
     total: int = 0

@@ -9,5 +9,6 @@ activities are :mod:`activities.provider_batch`, the waiting is
 (Anthropic's Message Batches) would be another :class:`~llmbatch.provider.client.BatchClient`.
 
 It imports the contract, the ledger's database, the endpoint registry and HTTP helpers
-of :mod:`llmbatch.remote`, and the engine's request and result types.
+of :mod:`llmbatch.remote`, the engine's request and result types, and the OpenAI
+batch format's codes.
 """

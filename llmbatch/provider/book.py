@@ -8,7 +8,8 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from llmbatch.contract.provider import ProviderStatus
+from llmbatch.contract.provider import NOTHING_TO_SEND, PREPARING
+from llmbatch.contract.states import BatchStatus
 from llmbatch.ledger.db import Database
 
 
@@ -33,7 +34,7 @@ class ProviderBatchRow:
     input_file_id: str | None
     url: str | None
     batch_id: str | None
-    status: ProviderStatus
+    status: str  # a BatchStatus, or PREPARING / NOTHING_TO_SEND
     requests: int
     completed: int
     failed: int
@@ -55,7 +56,6 @@ _COLUMNS = (
 def _row(record: object) -> ProviderBatchRow:
     values = dict(record)  # type: ignore[call-overload]
     values["followers"] = json.loads(values["followers"])
-    values["status"] = ProviderStatus(values["status"])
     return ProviderBatchRow(**values)
 
 
@@ -80,7 +80,7 @@ async def prepared(
 ) -> ProviderBatchRow:
     """Record the uploaded requests file before the batch is created; a row an earlier
     attempt recorded stays (its file is the one to create the batch from)."""
-    status = ProviderStatus.PREPARING if input_file_id else ProviderStatus.EMPTY
+    status = PREPARING if input_file_id else NOTHING_TO_SEND
     await pool.execute(
         """
         INSERT INTO provider_batches (token, job_id, shard, submission, endpoint, lease_owner,
@@ -122,7 +122,7 @@ async def record_batch(pool: Database, *, token: str, batch_id: str, status: str
 
 
 async def set_status(
-    pool: Database, *, token: str, status: ProviderStatus, completed: int, failed: int
+    pool: Database, *, token: str, status: BatchStatus, completed: int, failed: int
 ) -> None:
     await pool.execute(
         """

@@ -9,19 +9,26 @@ the generate step's :class:`~llmbatch.generation.recorder.Recorder` records it.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import msgspec
 
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.contract.states import ErrorClass
-from llmbatch.engine.requests import GenerationResult, check_structured, prepare
+from llmbatch.engine.requests import (
+    GenerationRequest,
+    GenerationResult,
+    check_structured,
+    prepare,
+)
+from llmbatch.formats.openai_batch import BATCH_CANCELLED, BATCH_EXPIRED
+from llmbatch.remote.engine import request_payload
 from llmbatch.remote.http import classify
 
 CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
 
 _decode = msgspec.json.Decoder().decode
+
+NEVER_RAN_CODES = frozenset({BATCH_EXPIRED, BATCH_CANCELLED})
 
 
 def request_line(
@@ -32,32 +39,20 @@ def request_line(
     prompt: str | None,
     sampling: SamplingSpec,
 ) -> tuple[str, bytes] | str:
-    """The batch endpoint URL and the JSONL line for one request, or why a Batch API
-    cannot take it (choice and regex constraints are vLLM's, not OpenAI's)."""
-    if sampling.choice is not None or sampling.regex is not None:
-        return "choice and regex constraints are not part of OpenAI's Batch API (use json_schema)"
-    if sampling.truncate_prompt_tokens is not None:
-        return "truncate_prompt_tokens is not part of OpenAI's Batch API"
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-    }
-    if sampling.stop:
-        body["stop"] = sampling.stop
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
-    if sampling.json_schema is not None:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": sampling.json_schema, "strict": True},
-        }
-    if messages is not None:
-        url, body["messages"] = CHAT_URL, messages
-    else:
-        url, body["prompt"] = COMPLETIONS_URL, prompt
-    line = {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+    """The batch endpoint URL and the JSONL line for one request (the body the remote
+    engine would send online), or why a Batch API cannot take it (choice and regex
+    constraints and prompt truncation are vLLM's, not OpenAI's)."""
+    made = request_payload(
+        GenerationRequest(
+            request_id=custom_id, messages=messages, prompt=prompt, sampling=sampling
+        ),
+        model=model,
+        vllm=False,
+    )
+    if isinstance(made, str):
+        return made
+    url = "/v1" + made[0]
+    line = {"custom_id": custom_id, "method": "POST", "url": url, "body": made[1]}
     return url, json.dumps(line, ensure_ascii=False).encode() + b"\n"
 
 
@@ -66,13 +61,17 @@ def answer_result(
 ) -> GenerationResult | None:
     """The result an output or error file line holds for the request its ``custom_id``
     names (``request_id_of``: custom id -> the recorder's request id); None for a line
-    naming no request of this batch."""
+    naming no request of this batch, or for one that never ran."""
     data = _decode(line)
     custom_id = str(data.get("custom_id"))
     request_id = request_id_of.get(custom_id)
     if request_id is None:
         return None
     error = data.get("error")
+    if error and error.get("code") in NEVER_RAN_CODES:
+        # Not an answer: the batch expired or was cancelled first. The item stays with
+        # the batch's lease, to be submitted again or dead-lettered as such.
+        return None
     response = data.get("response") or {}
     status = int(response.get("status_code") or 0)
     if error or status != 200:

@@ -67,9 +67,10 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-async def job_lines(dsn: str, job_id: str) -> list[str]:
+async def job_report_at(dsn: str, job_id: str) -> dict[str, Any]:
+    """:func:`job_report` on a pool of its own (the CLI's)."""
     pool = await create_pool(dsn, max_size=1)
     try:
-        return report_lines(await job_report(pool, job_id))
+        return await job_report(pool, job_id)
     finally:
         await pool.close()

@@ -185,40 +185,6 @@ class RemoteEngine:
 
     # --- requests ------------------------------------------------------------------
 
-    def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]] | str:
-        """The path and body for ``request``, or why the endpoint cannot take it."""
-        spec: SamplingSpec = request.sampling
-        body: dict[str, Any] = {
-            "model": self._model,
-            "max_tokens": spec.max_tokens,
-            "temperature": spec.temperature,
-            "top_p": spec.top_p,
-        }
-        if spec.stop:
-            body["stop"] = spec.stop
-        if spec.seed is not None:
-            body["seed"] = spec.seed
-        if spec.truncate_prompt_tokens is not None:
-            if not self._kind.vllm:
-                return "truncate_prompt_tokens needs a vLLM server"
-            body["truncate_prompt_tokens"] = spec.truncate_prompt_tokens
-        if spec.json_schema is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "output", "schema": spec.json_schema, "strict": True},
-            }
-        elif spec.choice is not None or spec.regex is not None:
-            if not self._kind.vllm:
-                return "choice and regex constraints need a vLLM server (use json_schema)"
-            body["structured_outputs"] = (
-                {"choice": spec.choice} if spec.choice is not None else {"regex": spec.regex}
-            )
-        if request.messages is not None:
-            body["messages"] = request.messages
-            return "/chat/completions", body
-        body["prompt"] = request.prompt
-        return "/completions", body
-
     async def _send(
         self, path: str, body: dict[str, Any], *, tokens: float, job: str, usage: EngineUsage | None
     ) -> Answer:
@@ -267,7 +233,7 @@ class RemoteEngine:
         prepared = prepare(request.sampling)
         if prepared.schema_error is not None:
             return failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
-        payload = self._payload(request)
+        payload = request_payload(request, model=self._model, vllm=self._kind.vllm)
         if isinstance(payload, str):
             return failed(request, ErrorClass.INVALID_REQUEST, payload)
         path, body = payload
@@ -373,6 +339,44 @@ class RemoteEngine:
     ) -> AsyncGenerator[EmbeddingResult, None]:
         call = functools.partial(self.embed, usage=usage)
         return _run_many(call, requests, max_in_flight=max_in_flight)
+
+
+def request_payload(
+    request: GenerationRequest, *, model: str, vllm: bool
+) -> tuple[str, dict[str, Any]] | str:
+    """The path (under the base URL) and body for ``request``, or why the endpoint
+    cannot take it (``vllm``: a vLLM server, which takes more than OpenAI's API)."""
+    spec: SamplingSpec = request.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+    }
+    if spec.stop:
+        body["stop"] = spec.stop
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    if spec.truncate_prompt_tokens is not None:
+        if not vllm:
+            return "truncate_prompt_tokens needs a vLLM server"
+        body["truncate_prompt_tokens"] = spec.truncate_prompt_tokens
+    if spec.json_schema is not None:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": spec.json_schema, "strict": True},
+        }
+    elif spec.choice is not None or spec.regex is not None:
+        if not vllm:
+            return "choice and regex constraints need a vLLM server (use json_schema)"
+        body["structured_outputs"] = (
+            {"choice": spec.choice} if spec.choice is not None else {"regex": spec.regex}
+        )
+    if request.messages is not None:
+        body["messages"] = request.messages
+        return "/chat/completions", body
+    body["prompt"] = request.prompt
+    return "/completions", body
 
 
 def job_of(request_id: str) -> str:

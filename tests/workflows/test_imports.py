@@ -85,6 +85,7 @@ ALLOWED: dict[str, set[str]] = {
     "llmbatch.provider": {
         "llmbatch.contract",
         "llmbatch.engine.requests",
+        "llmbatch.formats.openai_batch",
         "llmbatch.ledger.db",
         "llmbatch.remote",
     },
