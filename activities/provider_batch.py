@@ -33,7 +33,7 @@ from llmbatch.contract.provider import (
     ProviderSubmit,
 )
 from llmbatch.contract.states import BatchStatus, ErrorClass, FailureType, ItemStatus
-from llmbatch.dedup.coordination import Group, groups_to_run
+from llmbatch.dedup.coordination import Group, group_requests, groups_to_run
 from llmbatch.engine.requests import GenerationRequest, failed
 from llmbatch.formats.records import StagedRequest, load_jsonl
 from llmbatch.generation.recorder import Recorder, RecordingContext
@@ -246,7 +246,9 @@ class ProviderBatchActivities:
         request_id_of: dict[str, str] = {}
         for lead in held - shared:
             items = [staged[lead]] + [staged[f] for f in row.followers.get(lead, []) if f in held]
-            request: GenerationRequest = recorder.submit(Group(None, items))
+            # The lead's request key, as at submission: answers go to the result cache.
+            key = group_requests(ref.shard.spec, items[:1], dedup=False)[0].key
+            request: GenerationRequest = recorder.submit(Group(key, items))
             request_id_of[lead] = request.request_id
         sampling_of = {i: staged[i].effective_sampling(ref.shard.spec) for i in request_id_of}
         async with BatchClient(endpoint) as client:

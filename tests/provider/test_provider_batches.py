@@ -121,6 +121,11 @@ async def test_job_via_batch_runs_once_with_one_provider_batch_per_shard(
     )
     assert sorted(r["batch_id"] for r in recorded) == sorted(b["id"] for b in batches)
     assert all(r["collected"] and r["status"] == "completed" for r in recorded)
+    # The provider's answers went to the result cache, as the endpoint's online ones do.
+    cached = await api_pool.fetchval(
+        "SELECT count(*) FROM result_cache WHERE job_id = $1", spec.job_id
+    )
+    assert cached == 22
     status = cli(settings, "status", spec.job_id)
     assert status.returncode == 0, status.stderr
     prompt = sum(r["prompt_tokens"] for r in recorded)
@@ -291,6 +296,31 @@ async def test_the_cpu_worker_killed_while_the_batch_runs_costs_no_second_batch(
         stop_worker(second)
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (40, 40, 0)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    assert [b["id"] for b in batches] == [batch_id]
+
+
+async def test_the_provider_api_down_for_a_while_is_waited_out(
+    provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    settings, api_server, key, served_model = provider
+    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    rows = _rows(20)
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=20)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    batch_id = await _recorded_batch_id(api_pool, spec.job_id)
+    # The provider's HTTP API goes away (SIGKILL) while the batch runs behind it; the
+    # status checks fail and are retried until it is back.
+    api_server.kill()
+    try:
+        await asyncio.sleep(8)
+    finally:
+        api_server.start()
+    summary = await asyncio.wait_for(job_result(handle), 300)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (20, 20, 0)
     assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
     batches = await _provider_batches(api_server, key, spec.job_id)
     assert [b["id"] for b in batches] == [batch_id]
