@@ -261,7 +261,7 @@ class GenerateActivities:
         """Refuse a shard for another model than the one loaded, before touching any
         item: queue names are derived from the model, but anything can start an
         activity on any queue, and a job must never run on a model it did not name."""
-        served = self._engine.options.model
+        served = self._engine.options.served_name
         if input.spec.task is not self._task:
             raise ApplicationError(
                 f"{FailureType.WRONG_MODEL}: job {input.spec.job_id} is a {input.spec.task} "

@@ -95,6 +95,7 @@ class PlanningActivities:
                 spec.model, spec.task, endpoint=spec.remote_endpoint
             ),
             generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
+            priority_aging=self._ctx.settings.priority_aging or None,
         )
 
     async def _plan(self, spec: JobSpec) -> tuple[InputFormat, list[ShardPlan]]:

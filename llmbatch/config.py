@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from llmbatch.contract.names import MODEL_HASH_CHARS, model_identity, model_slug
+from llmbatch.contract.priority import ANY_TENANT, TenantQuota
 from llmbatch.contract.spec import Task
 from llmbatch.rendering.templates import RenderLimits
 
@@ -84,6 +85,23 @@ class Settings(BaseSettings):
         gt=timedelta(0),
         description="How long a shard's generate step waits for a worker serving the job's "
         "model before its items die as NoWorker (seconds or an ISO 8601 duration).",
+    )
+
+    priority_aging: timedelta = Field(
+        default=timedelta(minutes=10),
+        ge=timedelta(0),
+        description="Bounded wait: a shard's generate step that waits this long for a GPU "
+        "worker is queued again one priority level higher (5 → 4 … → 1), so a steady "
+        "stream of urgent work cannot starve a low-priority job; at most four such steps "
+        "lift any job to priority 1 (seconds or an ISO 8601 duration; 0: no aging). Read by "
+        "the CPU worker that plans a job.",
+    )
+    tenant_quotas: dict[str, TenantQuota] = Field(
+        default_factory=dict,
+        description="What each tenant (an API project, or a CLI job's --tenant) may ask "
+        'for, as JSON or a TOML table: {"team-a": {"highest_priority": 2, "max_weight": 4, '
+        '"max_concurrent_jobs": 3}}; the key "*" caps every tenant not listed (and jobs '
+        "without a tenant). `submit` and `POST /v1/batches` refuse a job beyond its cap.",
     )
 
     cache: bool = Field(
@@ -255,6 +273,11 @@ class Settings(BaseSettings):
         description="An upload streams to the object store in parts of this size (S3's "
         "smallest is 5 MiB); the server holds about one part per upload in memory.",
     )
+
+    def quota(self, tenant: str | None) -> TenantQuota:
+        """The caps of ``tenant`` (its own entry, else the "*" one, else none)."""
+        named = self.tenant_quotas.get(tenant) if tenant is not None else None
+        return named or self.tenant_quotas.get(ANY_TENANT) or TenantQuota()
 
     @property
     def render_limits(self) -> RenderLimits:

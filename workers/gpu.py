@@ -148,19 +148,21 @@ async def run_gpu_worker(
                 client,
                 ActivityContext(settings=settings, pool=pool),
                 engine,
-                model=options.model,
+                model=options.served_name,
                 max_concurrent_activities=max_concurrent_activities,
                 max_in_flight=max_in_flight,
                 on_engine_dead=engine_died,
                 task=task,
                 drain=drain,
             )
-            async with _advertised(pool, worker, settings, options.model, task):
+            # Known by its served name (vLLM's --served-model-name), else as loaded.
+            served = options.served_name
+            async with _advertised(pool, worker, settings, served, task):
                 await serve(
                     worker,
                     name=name,
-                    ready=f"{name} ({task}) for {options.model} polling "
-                    f"{settings.gpu_task_queue(options.model, task)} on "
+                    ready=f"{name} ({task}) for {served} polling "
+                    f"{settings.gpu_task_queue(served, task)} on "
                     f"{client.service_client.config.target_host}",
                     also=dead,
                     drain=drain,

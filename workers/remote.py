@@ -168,7 +168,8 @@ async def _pause_capped(client: Client, job_id: str) -> None:
 def _advertised(
     pool: Database, worker: Worker, model: str, task: Task
 ) -> contextlib.AbstractAsyncContextManager[None]:
-    # So `GET /v1/models` of llm-batch's API lists what endpoints serve too.
+    # So `llm-batch queues` knows the endpoint's queues (`GET /v1/models` lists the
+    # models routed to endpoints, from llmbatch.remote.routes, not these rows).
     return advertised(
         pool, task_queue=worker.task_queue, model=model, task=task, identity=worker.client.identity
     )

@@ -480,6 +480,7 @@ class BatchJobWorkflow:
                     shard=shard,
                     gpu_task_queue=plan.gpu_task_queue,
                     generate_schedule_to_start=plan.generate_schedule_to_start,
+                    priority_aging=plan.priority_aging,
                     parent_workflow_id=workflow.info().workflow_id,
                 ),
                 id=shard_workflow_id(self._spec.job_id, shard),

@@ -212,6 +212,7 @@ class DeadLetterWorkflow:
                 shard=shard,
                 gpu_task_queue=input.gpu_task_queue,
                 generate_schedule_to_start=input.generate_schedule_to_start,
+                priority_aging=input.priority_aging,
                 redrive=number,
                 sampling_overrides=request.sampling,
             ),

@@ -12,6 +12,7 @@ rather than inherited, so they hold whoever started the workflow.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from temporalio import workflow
@@ -80,10 +81,15 @@ def generate_step(
     task_queue: str,
     summary: str,
     schedule_to_start: timedelta | None = None,
+    priority_key: int | None = None,
 ) -> workflow.ActivityConfig:
     """The GPU step. ``schedule_to_start`` bounds the wait for a worker serving the
     model: Temporal does not retry that timeout, so the shard fails (NoWorker)
-    instead of waiting for a worker that may never come."""
+    instead of waiting for a worker that may never come. ``priority_key`` replaces the
+    job's priority for a step that has been aged (workflows/shard.py)."""
+    priority = task_priority(spec)
+    if priority_key is not None:
+        priority = dataclasses.replace(priority, priority_key=priority_key)
     return workflow.ActivityConfig(
         task_queue=task_queue,
         schedule_to_start_timeout=schedule_to_start,
@@ -95,7 +101,7 @@ def generate_step(
         summary=summary,
         # The GPU queue is where jobs compete: this is what puts a priority-1 job's
         # shard ahead of a backlog of priority-5 ones, and shares it between tenants.
-        priority=task_priority(spec),
+        priority=priority,
     )
 
 

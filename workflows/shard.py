@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import (
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         SHARD_WORKFLOW,
         WRITE_SHARD,
     )
+    from llmbatch.contract.priority import HIGHEST_PRIORITY, aged
     from llmbatch.contract.priority import describe as describe_priority
     from llmbatch.contract.progress import format_duration
     from llmbatch.contract.provider import PROVIDER_BATCH_WORKFLOW
@@ -117,6 +119,7 @@ class ShardWorkflow:
                 + (f" (gives up after {format_duration(limit.total_seconds())})" if limit else "")
                 + (f", waiting there at {place}" if place else "")
             )
+            waiting = _GenerateWait(input)
             while True:
                 try:
                     await workflow.execute_activity(
@@ -125,15 +128,19 @@ class ShardWorkflow:
                         **options.generate_step(
                             spec,
                             task_queue=input.gpu_task_queue,
-                            summary=f"shard {shard}: generate {rendered.to_generate} items",
-                            schedule_to_start=limit,
+                            summary=f"shard {shard}: generate {rendered.to_generate} items"
+                            + waiting.note(),
+                            schedule_to_start=waiting.schedule_to_start(),
+                            priority_key=waiting.priority_key,
                         ),
                     )
                     break
                 except ActivityError as err:
                     # Stopped workers (spot notices, scale-downs) are no failure of the
                     # shard: when its last attempt was drained, the step starts afresh.
-                    if not _drained(err):
+                    # A step that waited one aging interval is queued again a level
+                    # higher, so no stream of urgent work starves it.
+                    if not _drained(err) and not waiting.age(err):
                         raise
             workflow.set_current_details("")
         _stop_if_cancelled()
@@ -181,6 +188,63 @@ class ShardWorkflow:
             summary.items = counts.succeeded + counts.dead
         summary.failed = reason
         return summary
+
+
+class _GenerateWait:
+    """How long the generate step may wait in the GPU queue, and at which priority.
+
+    Temporal fixes an activity's priority when it is scheduled. To give waiting work
+    a bounded wait, the step waits at most ``priority_aging`` (Temporal's
+    schedule-to-start timeout, which it never retries); then it is scheduled again one
+    level higher, until priority 1. The waits add up to the job's NoWorker limit
+    (``generate_schedule_to_start``), which still ends a step no worker ever takes.
+    """
+
+    def __init__(self, input: ShardInput) -> None:
+        self._aging = input.priority_aging
+        self._left = input.generate_schedule_to_start
+        self._start = input.spec.priority
+        self.levels = 0
+
+    @property
+    def priority_key(self) -> int | None:
+        # Unaged, the step keeps the job's own priority (unset stays unset).
+        return self._start if self.levels == 0 else aged(self._start, levels=self.levels)
+
+    def _can_age(self) -> bool:
+        return self._aging is not None and aged(self._start, levels=self.levels) > (
+            HIGHEST_PRIORITY
+        )
+
+    def schedule_to_start(self) -> timedelta | None:
+        if not self._can_age():
+            return self._left
+        assert self._aging is not None
+        return self._aging if self._left is None else min(self._aging, self._left)
+
+    def note(self) -> str:
+        return f" (aged to priority {self.priority_key})" if self.levels else ""
+
+    def age(self, err: ActivityError) -> bool:
+        """Whether ``err`` is an aging interval that ran out (the step is then queued
+        again a level higher); False for the NoWorker limit or any other failure."""
+        cause = err.cause
+        if not (isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START):
+            return False
+        waited = self.schedule_to_start()
+        if not self._can_age() or waited is None:
+            return False
+        if self._left is not None:
+            if self._left <= waited:
+                return False  # the NoWorker limit is spent
+            self._left -= waited
+        self.levels += 1
+        workflow.logger.info(
+            "shard waited %s for a worker: its generate step is queued again at priority %s",
+            waited,
+            self.priority_key,
+        )
+        return True
 
 
 def _stop_if_cancelled() -> None:

@@ -30,13 +30,15 @@ from llmbatch.api.objects import (
     CursorPage,
     page,
 )
+from llmbatch.client.quotas import QUOTA_SETTING
 from llmbatch.client.temporal import model_has_worker, start_api_batch
 from llmbatch.contract.messages import ApiBatchRecordInput
-from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
+from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec, Task
 from llmbatch.contract.states import BatchStatus, FailureType
 from llmbatch.formats import openai_batch
 from llmbatch.ledger import api_layout, api_records, served_models
 from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
+from llmbatch.remote import routes
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -223,25 +225,23 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="input_file_id",
             code="missing_model",
         )
-    # A model some worker served before is declared: with its workers scaled to zero
-    # the batch waits for one. Only a model no worker ever served is refused.
-    if not await model_has_worker(
-        svc.temporal,
-        settings,
-        model,
-        task=body.endpoint.task,
-        rpc_timeout=timedelta(seconds=BACKEND_TIMEOUT_S),
-    ) and not await served_models.was_served(
-        svc.pool, task_queue=settings.gpu_task_queue(model, body.endpoint.task)
-    ):
+    endpoint = await routes.endpoint_for(svc.pool, model=model, task=body.endpoint.task)
+    if endpoint is None and not await _gpu_model_declared(svc, model, body.endpoint.task):
         raise ApiError(
             400,
             f"No worker serves model {model!r}, nor ever did: start a GPU worker for it "
-            f"(llm-batch worker gpu --model ... --task {body.endpoint.task}) or name one "
+            f"(llm-batch worker gpu --model ... --task {body.endpoint.task}), route it to "
+            "a remote endpoint (llm-batch endpoint update NAME --serve-as ...) or name one "
             "that GET /v1/models lists.",
             param="model",
             code="model_not_found",
         )
+    # An operator's quota for the project (its tenant) may allow fewer batches at once.
+    quota = settings.quota(project)
+    in_progress_cap = min(
+        settings.api_max_batches_in_progress,
+        quota.max_concurrent_jobs or settings.api_max_batches_in_progress,
+    )
     batch_id = api_layout.new_batch_id()
     window = window_of(body.completion_window)
     spec = JobSpec(
@@ -253,6 +253,9 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         shard_size=settings.api_shard_size,
         max_concurrent_shards=settings.api_max_concurrent_shards,
         task=body.endpoint.task,
+        # A model routed to an endpoint runs on its remote workers' queue; with those
+        # scaled to zero the batch waits there, as it would for a GPU worker.
+        remote_endpoint=endpoint,
         # Projects share the workers fairly: each is its batches' tenant.
         tenant=project,
         api_batch=ApiBatch(
@@ -270,7 +273,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         window_s=int(window.total_seconds()),
         model=model,
         metadata=body.metadata,
-        max_in_progress=settings.api_max_batches_in_progress,
+        max_in_progress=in_progress_cap,
     )
     # The workflow writes the record (Update-with-Start): a server that dies anywhere
     # in here leaves either nothing or a batch whose workflow ends it.
@@ -281,11 +284,15 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == FailureType.TOO_MANY_BATCHES:
+            setting = (
+                "LLMBATCH_API_MAX_BATCHES_IN_PROGRESS"
+                if in_progress_cap == settings.api_max_batches_in_progress
+                else f"the project's max_concurrent_jobs in {QUOTA_SETTING}"
+            )
             raise ApiError(
                 429,
-                f"This project has {settings.api_max_batches_in_progress} batches in "
-                "progress, the most it may have (LLMBATCH_API_MAX_BATCHES_IN_PROGRESS); "
-                "wait for one to finish.",
+                f"This project has {in_progress_cap} batches in progress, the most it may "
+                f"have ({setting}); wait for one to finish.",
                 type=ErrorType.RATE_LIMIT,
                 code="too_many_batches_in_progress",
             ) from None
@@ -325,6 +332,16 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             ),
         )
     return await _with_counts(svc, await _batch(svc, project, batch_id))
+
+
+async def _gpu_model_declared(svc: Services, model: str, task: Task) -> bool:
+    """Whether GPU workers serve ``model`` for ``task`` now, or did once: with its
+    workers scaled to zero a batch waits for one; only a model no worker ever served
+    is refused."""
+    settings = svc.settings
+    return await model_has_worker(
+        svc.temporal, settings, model, task=task, rpc_timeout=timedelta(seconds=BACKEND_TIMEOUT_S)
+    ) or await served_models.was_served(svc.pool, task_queue=settings.gpu_task_queue(model, task))
 
 
 async def _batch(svc: Services, project: str, batch_id: str) -> api_records.BatchRow:

@@ -1,5 +1,9 @@
-"""``GET /v1/models`` and ``GET /v1/models/{id}``: the models live GPU workers serve,
-with their task."""
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: the models live GPU workers serve
+and the models routed to remote endpoints, each once, with their tasks.
+
+An endpoint's model is listed by the name it is routed under, owned by llm-batch:
+never the endpoint's name, base URL, or where its key is kept.
+"""
 
 from __future__ import annotations
 
@@ -14,30 +18,43 @@ from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import BACKEND_TIMEOUT_S, not_found
 from llmbatch.api.objects import Model, ModelList
 from llmbatch.client.temporal import queue_has_pollers
+from llmbatch.contract.spec import Task
 from llmbatch.ledger.served_models import served_models
+from llmbatch.remote.routes import routes
 
 router = APIRouter()
 _TIMEOUT = timedelta(seconds=BACKEND_TIMEOUT_S)
 
 
-async def _live_models(svc: Services) -> list[Model]:
-    """Every model whose queue a worker polls now, once, with the tasks its live
-    workers run (workers record the model behind their hashed queue name in Postgres;
-    Temporal says who polls)."""
-    rows = await served_models(svc.pool)
+async def _models(svc: Services) -> list[Model]:
+    """Every model whose GPU queue a worker polls now, and every model routed to an
+    endpoint (its batches are accepted and wait while its workers are scaled to zero),
+    once, with its tasks."""
+    rows = [
+        r
+        for r in await served_models(svc.pool)
+        # Remote workers record their queues too (for `llm-batch queues`); what they
+        # serve is listed by route below, so a model no route names is not offered.
+        if r.task_queue == svc.settings.gpu_task_queue(r.model, Task(r.task))
+    ]
     polled = await asyncio.gather(
         *(queue_has_pollers(svc.temporal, r.task_queue, rpc_timeout=_TIMEOUT) for r in rows)
     )
+    seen = [
+        (row.model, row.task, row.first_seen)
+        for row, live in zip(rows, polled, strict=True)
+        if live
+    ]
+    seen += [(r.model, str(r.task), r.created_at) for r in await routes(svc.pool)]
     tasks: dict[str, set[str]] = {}
     created: dict[str, int] = {}
-    for row, live in zip(rows, polled, strict=True):
-        if live:
-            tasks.setdefault(row.model, set()).add(str(row.task))
-            first = int(row.first_seen.timestamp())
-            created[row.model] = min(created.get(row.model, first), first)
+    for model, task, first_seen in seen:
+        tasks.setdefault(model, set()).add(task)
+        first = int(first_seen.timestamp())
+        created[model] = min(created.get(model, first), first)
     return [
         Model(id=model, created=created[model], tasks=sorted(ts), task=sorted(ts)[0])
-        for model, ts in tasks.items()
+        for model, ts in sorted(tasks.items())
     ]
 
 
@@ -46,8 +63,9 @@ async def list_models(
     project: Annotated[str, Depends(project_of)],
     svc: Annotated[Services, Depends(services)],
 ) -> ModelList:
-    """One entry per model that live workers serve, with their tasks."""
-    return ModelList(data=await _live_models(svc))
+    """One entry per model that live GPU workers serve or an endpoint is routed, with
+    its tasks."""
+    return ModelList(data=await _models(svc))
 
 
 # A model id may be a local path: ``path`` takes its slashes (the client sends
@@ -58,8 +76,9 @@ async def retrieve_model(
     project: Annotated[str, Depends(project_of)],
     svc: Annotated[Services, Depends(services)],
 ) -> Model:
-    """The model, if a live worker serves it (the first of its tasks, by name)."""
-    for model in await _live_models(svc):
+    """The model, if a live GPU worker serves it or it is routed to an endpoint (the
+    first of its tasks, by name)."""
+    for model in await _models(svc):
         if model.id == model_id:
             return model
     raise not_found("Model", model_id, param="model")

@@ -28,6 +28,18 @@ _Conc = Annotated[int | None, typer.Option(help="Requests in flight per worker (
 _InPrice = Annotated[float | None, typer.Option(help="USD per 1M prompt tokens.")]
 _OutPrice = Annotated[float | None, typer.Option(help="USD per 1M completion tokens.")]
 _Timeout = Annotated[float | None, typer.Option(help="Seconds one request may take (600).")]
+_ServeAs = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Route this model name to the endpoint (repeat): Batch API batches, submits and "
+        "schedules naming it (chat or completions) run here. On update, replaces the list; "
+        "'' clears it."
+    ),
+]
+_ServeEmbeddingsAs = Annotated[
+    list[str] | None,
+    typer.Option(help="As --serve-as, for embeddings (/v1/embeddings, --task embed)."),
+]
 _BatchApi = Annotated[
     bool,
     typer.Option(
@@ -100,6 +112,8 @@ def add(
     input_price: _InPrice = None,
     output_price: _OutPrice = None,
     timeout: _Timeout = None,
+    serve_as: _ServeAs = None,
+    serve_embeddings_as: _ServeEmbeddingsAs = None,
     batch_api: _BatchApi = False,
     batch_input_price: _BatchIn = None,
     batch_output_price: _BatchOut = None,
@@ -109,6 +123,7 @@ def add(
     batch_window: _BatchWindow = None,
 ) -> None:
     """Declare an OpenAI-compatible endpoint (a vLLM/SGLang/TGI server, a gateway, an API)."""
+    from llmbatch.ledger.db import transaction
     from llmbatch.remote.endpoints import EndpointConfig, EndpointError, add_endpoint
 
     try:
@@ -133,14 +148,18 @@ def add(
 
     async def use(pool: Any) -> Any:
         try:
-            added = await add_endpoint(pool, config)
+            async with transaction(pool) as conn:
+                endpoint = await add_endpoint(conn, config)
+                await _set_routes(conn, name, serve_as, serve_embeddings_as)
+                await _set_batch_api(conn, name, batch)
+                return endpoint, await _served(conn, name)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
-        await _set_batch_api(pool, name, batch)
-        return added
 
-    endpoint = run(_with_pool(Settings(), use))
-    out.print(f"endpoint [bold]{endpoint.name}[/bold] added: {_line(endpoint)}", highlight=False)
+    endpoint, served = run(_with_pool(Settings(), use))
+    out.print(
+        f"endpoint [bold]{endpoint.name}[/bold] added: {_line(endpoint, served)}", highlight=False
+    )
 
 
 @app.command("update")
@@ -155,6 +174,8 @@ def update(
     input_price: _InPrice = None,
     output_price: _OutPrice = None,
     timeout: _Timeout = None,
+    serve_as: _ServeAs = None,
+    serve_embeddings_as: _ServeEmbeddingsAs = None,
     batch_api: _BatchApi = False,
     batch_input_price: _BatchIn = None,
     batch_output_price: _BatchOut = None,
@@ -164,6 +185,7 @@ def update(
     batch_window: _BatchWindow = None,
 ) -> None:
     """Change some of an endpoint's options (new limits reach running workers' leases)."""
+    from llmbatch.ledger.db import transaction
     from llmbatch.remote.endpoints import EndpointError, update_endpoint
 
     changes = _options(
@@ -182,16 +204,18 @@ def update(
 
     async def use(pool: Any) -> Any:
         try:
-            endpoint = await update_endpoint(pool, name, changes)
-            await _set_batch_api(pool, name, batch)
-            return endpoint
+            async with transaction(pool) as conn:
+                endpoint = await update_endpoint(conn, name, changes)
+                await _set_routes(conn, name, serve_as, serve_embeddings_as)
+                await _set_batch_api(conn, name, batch)
+                return endpoint, await _served(conn, name)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
         except ValidationError as exc:
             raise _invalid(exc) from None
 
-    endpoint = run(_with_pool(Settings(), use))
-    out.print(f"endpoint [bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
+    endpoint, served = run(_with_pool(Settings(), use))
+    out.print(f"endpoint [bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
 
 
 @app.command("list")
@@ -199,14 +223,17 @@ def list_(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Every endpoint, with its limits and prices."""
     from llmbatch.remote.endpoints import list_endpoints
 
-    endpoints = run(_with_pool(Settings(), list_endpoints))
+    async def use(pool: Any) -> Any:
+        return [(e, await _served(pool, e.name)) for e in await list_endpoints(pool)]
+
+    endpoints = run(_with_pool(Settings(), use))
     if as_json:
-        emit_json([e.model_dump(mode="json") for e in endpoints])
+        emit_json([{**e.model_dump(mode="json"), "serves": served} for e, served in endpoints])
         return
     if not endpoints:
         out.print("no endpoints (declare one with llm-batch endpoint add)")
-    for endpoint in endpoints:
-        out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
+    for endpoint, served in endpoints:
+        out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
 
 
 @app.command("show")
@@ -222,16 +249,23 @@ def show(
     async def use(pool: Any) -> Any:
         try:
             endpoint = await get_endpoint(pool, name)
-            return endpoint, await endpoint_state(pool, name), await get_batch_api(pool, name)
+            return (
+                endpoint,
+                await _served(pool, name),
+                await endpoint_state(pool, name),
+                await get_batch_api(pool, name),
+            )
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, state, batch_api = run(_with_pool(Settings(), use))
+    endpoint, served, state, batch_api = run(_with_pool(Settings(), use))
     if as_json:
         batch = {"batch_api": batch_api.model_dump() if batch_api else None}
-        emit_json({**endpoint.model_dump(mode="json"), **state.as_dict(), **batch})
+        emit_json(
+            {**endpoint.model_dump(mode="json"), "serves": served, **state.as_dict(), **batch}
+        )
         return
-    out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint)}", highlight=False)
+    out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
     out.print(f"  {state.line()}", highlight=False)
     if batch_api is not None:
         out.print(f"  Batch API: {batch_api.line()}", highlight=False)
@@ -252,7 +286,29 @@ def remove(name: Annotated[str, typer.Argument()]) -> None:
     out.print(f"endpoint [bold]{name}[/bold] removed")
 
 
-def _line(endpoint: Any) -> str:
+async def _set_routes(
+    db: Any, name: str, serve_as: list[str] | None, serve_embeddings_as: list[str] | None
+) -> None:
+    """The routes given (each list replaces the endpoint's routes of its task)."""
+    from llmbatch.contract.spec import Task
+    from llmbatch.remote.routes import set_routes
+
+    for task, models in ((Task.GENERATE, serve_as), (Task.EMBED, serve_embeddings_as)):
+        if models is not None:
+            await set_routes(db, endpoint=name, task=task, models=models)
+
+
+async def _served(db: Any, name: str) -> dict[str, list[str]]:
+    """The models routed to the endpoint, by task."""
+    from llmbatch.remote.routes import routes
+
+    served: dict[str, list[str]] = {}
+    for route in await routes(db, endpoint=name):
+        served.setdefault(str(route.task), []).append(route.model)
+    return served
+
+
+def _line(endpoint: Any, served: dict[str, list[str]]) -> str:
     limits = ", ".join(
         f"{label} {value}"
         for label, value in (
@@ -275,4 +331,8 @@ def _line(endpoint: Any) -> str:
         if endpoint.input_price is not None or endpoint.output_price is not None
         else ""
     )
-    return f"{endpoint.base_url} ({key}; {limits}{prices})"
+    serves = "".join(
+        f"; serves {', '.join(models)}" + (f" ({task})" if task != "generate" else "")
+        for task, models in sorted(served.items(), reverse=True)
+    )
+    return f"{endpoint.base_url} ({key}; {limits}{prices}){serves}"

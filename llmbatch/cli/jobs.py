@@ -27,8 +27,9 @@ from llmbatch.cli.jobview import (
     show_results,
     usage_line,
 )
-from llmbatch.cli.options import JobOptions, check_inputs, job_options
+from llmbatch.cli.options import JobOptions, check_inputs, job_options, place_job
 from llmbatch.client.queues import describe_queue
+from llmbatch.client.quotas import QuotaExceeded, check_quota
 from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
@@ -112,8 +113,7 @@ async def _submit(
     attach: bool,
 ) -> None:
     await check_inputs(spec, settings)
-    if spec.remote_endpoint is not None:
-        await _check_endpoint(settings, spec.remote_endpoint, batch=spec.via is EndpointVia.BATCH)
+    spec = await place_job(spec, settings)
     client = await connect(settings)
     # Via batch, CPU workers wait for the provider: no engine worker is needed.
     if spec.via is not EndpointVia.BATCH:
@@ -125,6 +125,10 @@ async def _submit(
             task=spec.task,
             endpoint=spec.remote_endpoint,
         )
+    try:
+        await check_quota(client, settings, spec)
+    except QuotaExceeded as exc:
+        raise CliError(str(exc)) from None
     handle, started = await start_job(client, spec, settings=settings)
     if not started and not attach:
         await _refuse_other_spec(client, spec)
@@ -138,22 +142,6 @@ async def _submit(
     if wait:
         summary = await follow_job(client, handle, quiet=as_json)
         print_summary(summary, as_json=as_json)
-
-
-async def _check_endpoint(settings: Settings, name: str, *, batch: bool = False) -> None:
-    """A job on an endpoint nobody declared (or, ``batch``, whose Batch API nobody
-    declared) would wait for ever: refuse it now."""
-    from llmbatch import ledger
-    from llmbatch.provider.settings import batch_endpoint
-    from llmbatch.remote.endpoints import EndpointError, get_endpoint
-
-    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value(), max_size=1)
-    try:
-        await (batch_endpoint(pool, name) if batch else get_endpoint(pool, name))
-    except EndpointError as exc:
-        raise CliError(str(exc)) from None
-    finally:
-        await pool.close()
 
 
 async def _check_worker(

@@ -11,7 +11,14 @@ import contextlib
 import json
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.api.failure.v1 import Failure
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError
 
@@ -25,6 +32,7 @@ from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress, JobSummary, Usage
 from llmbatch.contract.names import DEAD_LETTERS_QUERY, PROGRESS_QUERY, dead_letter_workflow_id
 from llmbatch.contract.states import JobState
+from llmbatch.security.codec import DECRYPT_HINT, DECRYPT_HINT_MARK, DecryptError
 
 
 async def describe_job(settings: Settings, job_id: str) -> tuple[str, JobProgress | JobSummary]:
@@ -43,7 +51,18 @@ async def describe_job(settings: Settings, job_id: str) -> tuple[str, JobProgres
                 summary = view.job or summary
         return state, summary
     if description.status == WorkflowExecutionStatus.RUNNING:
-        return state, await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+        try:
+            return state, await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+        except (WorkflowQueryFailedError, RPCError) as exc:
+            # Temporal answers "Workflow Task in failed state" while the job's workflow
+            # task keeps failing: its own failure says why (after `codec-key rotate`,
+            # the key a worker lacks), which is what the operator needs.
+            failure = await last_task_failure(client, handle)
+            if failure is None:
+                raise
+            raise CliError(
+                f"job {job_id} is stuck: its workflow task fails on the CPU workers: {failure}"
+            ) from exc
     # Cancelled before it could say so itself, or terminated, or timed out.
     ended = (
         JobState.CANCELLED
@@ -59,6 +78,31 @@ async def describe_job(settings: Settings, job_id: str) -> tuple[str, JobProgres
         priority=int(priority) if priority and priority.isdigit() else None,
         tenant=attributes.get(sa.TENANT),
     )
+
+
+DECRYPT_ERROR_TYPE = DecryptError.__name__
+
+
+async def last_task_failure(client: Client, handle: WorkflowHandle[Any, Any]) -> str | None:
+    """The failure of the workflow's latest workflow task, if that task failed (a
+    worker could not decode its input, a bug in workflow code); else None."""
+    failed: Failure | None = None
+    async for event in handle.fetch_history_events():
+        if event.HasField("workflow_task_failed_event_attributes"):
+            failed = event.workflow_task_failed_event_attributes.failure
+        elif event.HasField("workflow_task_completed_event_attributes"):
+            failed = None
+    if failed is None:
+        return None
+    kind = failed.application_failure_info.type or "failure"
+    try:
+        # With a codec the message is encrypted (under the failing worker's key).
+        message = str(await client.data_converter.decode_failure(failed))
+    except Exception:  # this CLI lacks that key too
+        message = f"{kind} (its message is encrypted under a key this CLI does not hold)"
+    if DECRYPT_HINT_MARK in message or kind == DECRYPT_ERROR_TYPE:
+        message += f"; {DECRYPT_HINT}"
+    return message
 
 
 async def follow_job(

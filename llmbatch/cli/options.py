@@ -22,7 +22,7 @@ import typer
 from pydantic import ValidationError
 
 from llmbatch import storage
-from llmbatch.cli.common import fail
+from llmbatch.cli.common import CliError, fail
 from llmbatch.config import Settings
 from llmbatch.contract import uris
 from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
@@ -57,7 +57,8 @@ class JobOptions:
         str | None,
         typer.Option(
             help="Run on this remote endpoint (llm-batch endpoint add); --model is then the "
-            "name the endpoint serves it under."
+            "name the endpoint serves it under. Default: the endpoint the model is routed to "
+            "(endpoint add/update --serve-as), if any."
         ),
     ] = None
     via: Annotated[
@@ -372,3 +373,36 @@ async def check_inputs(spec: JobSpec, settings: Settings) -> None:
         )
     if spec.table_input or spec.table_output:
         await tables.check_table_job(spec, settings, settings.render_limits, create_output=False)
+
+
+async def place_job(spec: JobSpec, settings: Settings) -> JobSpec:
+    """The spec with its engine settled, for ``submit`` and ``schedule create`` alike:
+    an endpoint it names must be declared (a job on an undeclared one would wait for
+    ever), and a job naming none takes its model's route, if an operator routed the
+    model to an endpoint (``llm-batch endpoint add|update NAME --serve-as MODEL``)."""
+    from llmbatch import ledger
+    from llmbatch.provider.settings import batch_endpoint
+    from llmbatch.remote.endpoints import EndpointError, get_endpoint
+    from llmbatch.remote.routes import endpoint_for
+
+    try:
+        pool = await ledger.db.create_pool(
+            settings.postgres_dsn.get_secret_value(), max_size=1, connect_timeout_s=10.0
+        )
+    except (OSError, TimeoutError) as exc:
+        raise CliError(f"cannot reach Postgres (it holds the endpoints): {exc}") from None
+    try:
+        if spec.remote_endpoint is not None:
+            # Via batch, the endpoint must also declare its Batch API.
+            await (batch_endpoint if spec.via is EndpointVia.BATCH else get_endpoint)(
+                pool, spec.remote_endpoint
+            )
+            return spec
+        routed = await endpoint_for(pool, model=spec.model, task=spec.task)
+    except EndpointError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        await pool.close()
+    if routed is None:
+        return spec
+    return spec.model_copy(update={"remote_endpoint": routed})

@@ -15,7 +15,7 @@ import typer
 from temporalio.client import ScheduleOverlapPolicy
 
 from llmbatch.cli.common import CliError, JsonOption, emit_json, fail, out, run
-from llmbatch.cli.options import JobOptions, check_inputs, job_options
+from llmbatch.cli.options import JobOptions, check_inputs, job_options, place_job
 from llmbatch.client import schedules
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
@@ -109,6 +109,8 @@ async def _create(
 ) -> None:
     if check:
         await check_inputs(spec, settings)
+    # The endpoint is settled now, once: each run starts the spec as stored.
+    spec = await place_job(spec, settings)
     client = await connect(settings)
     await _guard(
         schedules.create_schedule(
@@ -152,7 +154,8 @@ async def _list(settings: Settings, *, as_json: bool) -> None:
         return
     for s in found:
         state = " [yellow](paused)[/yellow]" if s.paused else ""
-        out.print(f"[bold]{s.name}[/bold]{state}: {_when(s)}; model {s.model}")
+        on = f" on endpoint {s.endpoint}" if s.endpoint else ""
+        out.print(f"[bold]{s.name}[/bold]{state}: {_when(s)}; model {s.model}{on}")
         out.print(f"  inputs: {', '.join(s.inputs)} -> {s.output_uri}")
         out.print(f"  next run: {s.next_runs[0] if s.next_runs else 'none'}")
         if s.recent_runs:

@@ -31,6 +31,7 @@ async def report_dead_letters(
             layout=input.layout,
             gpu_task_queue=input.gpu_task_queue,
             generate_schedule_to_start=input.generate_schedule_to_start,
+            priority_aging=input.priority_aging,
         ),
         id=dead_letter_workflow_id(job_id),
         task_queue=task_queue,

@@ -81,6 +81,8 @@ class ScheduleSummary(BaseModel):
     cron: list[str] = Field(default_factory=list)
     timezone: str | None = None
     model: str = ""
+    # The remote endpoint its runs call (named, or the model's route when created).
+    endpoint: str | None = None
     inputs: list[str] = Field(default_factory=list)
     output_uri: str = ""
     paused: bool = False
@@ -234,8 +236,9 @@ async def _summary(client: Client, description: ScheduleDescription) -> Schedule
         # Described actions hold their arguments as raw payloads.
         decoded = await client.data_converter.decode(list(action.args), [BatchJobInput])
         spec: JobSpec = decoded[0].spec
-        summary.model, summary.inputs, summary.output_uri = (
+        summary.model, summary.endpoint, summary.inputs, summary.output_uri = (
             spec.model,
+            spec.remote_endpoint,
             list(spec.inputs),
             spec.output_uri,
         )

@@ -89,6 +89,7 @@ class DeadLetterInput(BaseModel):
     layout: JobLayout
     gpu_task_queue: str
     generate_schedule_to_start: timedelta | None = None
+    priority_aging: timedelta | None = None
     state: DeadLetterState = Field(default_factory=DeadLetterState)
 
 

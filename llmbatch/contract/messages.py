@@ -149,6 +149,11 @@ class PlanResult(BaseModel):
         description="How long generate waits for a worker on gpu_task_queue (None: no limit); "
         "from the planning worker's settings, which workflows cannot read.",
     )
+    priority_aging: timedelta | None = Field(
+        default=None,
+        description="A generate step waiting this long is queued again one priority "
+        "level higher (None: no aging); the planning worker's Settings.priority_aging.",
+    )
 
 
 class JobProgress(BaseModel):
@@ -304,6 +309,9 @@ class ShardInput(BaseModel):
     gpu_task_queue: str
     generate_schedule_to_start: timedelta | None = Field(
         default=None, description="See PlanResult.generate_schedule_to_start."
+    )
+    priority_aging: timedelta | None = Field(
+        default=None, description="See PlanResult.priority_aging."
     )
     parent_workflow_id: str | None = Field(
         default=None, description="Job workflow to signal when done; None: just return."

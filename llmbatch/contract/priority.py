@@ -8,6 +8,11 @@ turns them into the one :class:`temporalio.common.Priority` that the job's workf
 its shard workflows and every activity are given, so a shard's ``generate`` on the
 GPU queue competes with its job's priority and tenant.
 
+Two rules keep this fair (see "Priorities and tenants" in the docs): a step that waits
+long is aged one level up (:func:`aged`), so waiting work has a bounded wait, and an
+operator's :class:`TenantQuota` caps the priority, weight and number of jobs a tenant
+may ask for (:func:`quota_refusal`), checked where jobs are submitted.
+
 Pure data, safe to import in workflows.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio.common import Priority
 
 # Temporal's default number of priority levels (the server's matching.priorityLevels):
@@ -28,6 +34,8 @@ DEFAULT_PRIORITY = (HIGHEST_PRIORITY + LOWEST_PRIORITY) // 2
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,63}$"
 MIN_TENANT_WEIGHT = 0.001
 MAX_TENANT_WEIGHT = 1000.0
+# The quota entry (Settings.tenant_quotas) of every tenant that has none of its own.
+ANY_TENANT = "*"
 
 
 class Prioritized(Protocol):
@@ -68,3 +76,53 @@ def describe(spec: Prioritized) -> str:
         weight = f" (weight {spec.tenant_weight:g})" if spec.tenant_weight is not None else ""
         parts.append(f"tenant {spec.tenant}{weight}")
     return ", ".join(parts)
+
+
+def aged(priority_key: int | None, *, levels: int) -> int:
+    """The priority key of a step that has waited ``levels`` aging intervals: one
+    level higher each time (a smaller key), never above :data:`HIGHEST_PRIORITY`.
+
+    Aging ignores the tenant's quota on purpose: only reaching priority 1 bounds the
+    wait of a job behind a steady stream of priority-1 work.
+    """
+    start = DEFAULT_PRIORITY if priority_key is None else priority_key
+    return max(HIGHEST_PRIORITY, start - levels)
+
+
+class TenantQuota(BaseModel):
+    """What an operator lets one tenant (an API project, a CLI job's ``--tenant``)
+    ask for. Unset fields cap nothing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    highest_priority: int = Field(
+        default=HIGHEST_PRIORITY,
+        ge=HIGHEST_PRIORITY,
+        le=LOWEST_PRIORITY,
+        description="The most urgent priority its jobs may ask for (1 first).",
+    )
+    max_weight: float = Field(
+        default=MAX_TENANT_WEIGHT,
+        ge=MIN_TENANT_WEIGHT,
+        le=MAX_TENANT_WEIGHT,
+        description="The largest tenant_weight its jobs may ask for.",
+    )
+    max_concurrent_jobs: int | None = Field(
+        default=None, ge=1, description="Its jobs that may run at once (None: no cap)."
+    )
+
+
+def quota_refusal(spec: Prioritized, quota: TenantQuota) -> str | None:
+    """Why ``spec`` asks for more than ``quota`` allows (priority or weight), or None."""
+    who = f"tenant {spec.tenant}" if spec.tenant is not None else "a job without a tenant"
+    if spec.priority is not None and spec.priority < quota.highest_priority:
+        return (
+            f"{who} may ask for priority {quota.highest_priority} at most (1 is first), "
+            f"not {spec.priority}"
+        )
+    if spec.tenant_weight is not None and spec.tenant_weight > quota.max_weight:
+        return (
+            f"{who} may ask for a weight of {quota.max_weight:g} at most, "
+            f"not {spec.tenant_weight:g}"
+        )
+    return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 import os
 import random
 import signal
@@ -154,6 +155,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
         if isinstance(raw, list):  # local_roots: a PATH-style list, as Settings reads it
             raw = os.pathsep.join(str(item) for item in raw)
+        elif isinstance(raw, dict):  # tenant_quotas: JSON, as Settings reads it
+            raw = json.dumps(raw)
         env[f"LLMBATCH_{name.upper()}"] = str(raw)
     return env
 

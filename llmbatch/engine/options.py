@@ -60,6 +60,19 @@ class EngineOptions(BaseModel):
     model: str = Field(min_length=1)
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def served_name(self) -> str:
+        """The name jobs and batches call the model by: vLLM's own ``--served-model-name``
+        (its first name) when given, else the model as given. The GPU queue, the
+        ``GET /v1/models`` listing and the worker's model check use it, so a model
+        loaded from a local path is known by a name, never by the path."""
+        named = self.engine_args.get("served_model_name")
+        if isinstance(named, str) and named:
+            return named
+        if isinstance(named, list | tuple) and named and isinstance(named[0], str):
+            return named[0]
+        return self.model
+
     @field_validator("engine_args")
     @classmethod
     def _declared_by_vllm(cls, engine_args: dict[str, Any]) -> dict[str, Any]:

@@ -465,9 +465,13 @@ NEVER_RAN: dict[ErrorClass, tuple[str, str]] = {
     ErrorClass.BATCH_CANCELLED: (BATCH_CANCELLED, BATCH_CANCELLED_MESSAGE),
 }
 
-# A failed batch keeps at most this many error entries (the first ones, by line): one
-# systematic fault would otherwise give a million entries.
+# A failed batch lists this many invalid lines one entry each (the first ones, by line);
+# every invalid line after them is still named, in one entry per code that lists their
+# line numbers as ranges ("lines 101-250, 300"): one systematic fault would otherwise
+# give a million entries.
 MAX_BATCH_ERRORS = 100
+# Ranges one such entry keeps (bounded memory); lines past them are counted.
+MAX_LINE_RANGES = 1000
 
 
 class BatchError(BaseModel):
@@ -487,6 +491,38 @@ class BatchError(BaseModel):
 
 
 @dataclass
+class _LineRanges:
+    """Line numbers (ascending) as ranges, at most MAX_LINE_RANGES of them."""
+
+    first: str  # the message of the first line of these, which all lines share the code of
+    param: str | None
+    ranges: list[list[int]] = field(default_factory=list)
+    lines: int = 0
+    uncounted: int = 0
+
+    def add(self, line: int) -> None:
+        self.lines += 1
+        if self.ranges and self.ranges[-1][1] == line - 1:
+            self.ranges[-1][1] = line
+        elif len(self.ranges) < MAX_LINE_RANGES:
+            self.ranges.append([line, line])
+        else:
+            self.uncounted += 1
+
+    def error(self, code: str) -> BatchError:
+        shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in self.ranges)
+        rest = f", and {self.uncounted} lines after those" if self.uncounted else ""
+        noun = "line" if self.lines == 1 else "lines"
+        return BatchError(
+            code=code,
+            line=self.ranges[0][0],
+            message=f"{self.lines} more {noun} with this error, as the first says "
+            f"({self.first}): {noun} {shown}{rest}.",
+            param=self.param,
+        )
+
+
+@dataclass
 class BatchValidator:
     """Checks every line of a batch file, one at a time (:meth:`add`), with memory
     bounded by the number of requests (a 16-byte digest per custom_id)."""
@@ -498,11 +534,13 @@ class BatchValidator:
     errors: list[BatchError] = field(default_factory=list)
     requests: int = 0
     _seen: dict[bytes, int] = field(default_factory=dict)
+    # Invalid lines past the first max_errors, by code (named by finish()).
+    _more: dict[str, _LineRanges] = field(default_factory=dict)
 
     @property
     def full(self) -> bool:
-        """No more errors will be kept (or the file has too many requests): stop reading."""
-        return len(self.errors) >= self.max_errors or self.requests > self.max_requests
+        """The file has too many requests: stop reading (the file is refused as such)."""
+        return self.requests > self.max_requests
 
     def add(self, line: int, data: bytes | None, *, max_bytes: int) -> None:
         """Check the line numbered ``line``; ``data`` None means longer than ``max_bytes``."""
@@ -525,16 +563,20 @@ class BatchValidator:
             return
 
     def finish(self) -> list[BatchError]:
-        """The errors found (at most ``max_errors``); an empty file is one."""
+        """The errors found: the first ``max_errors`` invalid lines one entry each, then
+        one entry per code naming the other lines; an empty file is an error too."""
         if self.requests == 0:
             self._error(EMPTY_FILE, "The batch input file is empty.")
-        return self.errors[: self.max_errors]
+        return self.errors + [more.error(code) for code, more in self._more.items()]
 
     def _error(
         self, code: str, message: str, line: int | None = None, param: str | None = None
     ) -> None:
-        if len(self.errors) < self.max_errors:
+        if len(self.errors) < self.max_errors or line is None:
             self.errors.append(BatchError(code=code, message=message, param=param, line=line))
+            return
+        # Past the entries kept one by one, the line is still named, by its code.
+        self._more.setdefault(code, _LineRanges(first=message, param=param)).add(line)
 
     def _check(self, data: bytes) -> tuple[str, str, str | None] | None:
         try:

@@ -79,8 +79,8 @@ def validate_api_batch(
     """Every line of an OpenAI Batch API batch's input checked, as OpenAI checks a
     batch file before running any of it; the errors found (none: the batch may run).
 
-    Streams the file once with bounded memory, and stops at the error limit or at
-    the first request past ``max_requests``.
+    Streams the file once with bounded memory (every invalid line is named, the first
+    ones an entry each), and stops at the first request past ``max_requests``.
     """
     batch = spec.api_batch
     if batch is None:

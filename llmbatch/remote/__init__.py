@@ -1,6 +1,7 @@
 """Remote endpoints: OpenAI-compatible servers and APIs that llm-batch calls.
 
-Owns the endpoint registry in Postgres (:mod:`.endpoints`), the rate-limit budget
+Owns the endpoint registry in Postgres (:mod:`.endpoints`), the models routed to
+endpoints (:mod:`.routes`, read by the Batch API, submit and schedules), the rate-limit budget
 every worker of an endpoint shares (:mod:`.budget`), the HTTP client and its error
 classes (:mod:`.http`), and the remote engine (:mod:`.engine`), the second
 implementation of :class:`llmbatch.engine.base.BatchEngine` that the

@@ -55,6 +55,14 @@ class KeyringError(ValueError):
     """The keyring cannot be used; the message names its source, never a key."""
 
 
+# In DecryptError's message for a key the keyring lacks, and what to do about it.
+DECRYPT_HINT_MARK = "which the keyring does not hold"
+DECRYPT_HINT = (
+    "give every worker a keyring that holds that key: `llm-batch codec-key rotate` keeps "
+    "old keys, so copy its keyring to the workers and restart them"
+)
+
+
 class DecryptError(ValueError):
     """A payload cannot be decrypted (unknown key id, or tampered or wrong-key data)."""
 
@@ -217,7 +225,7 @@ class EncryptionCodec(PayloadCodec):
         cipher = self._ciphers.get(key_id)
         if cipher is None:
             raise DecryptError(
-                f"payload encrypted with key {key_id!r}, which the keyring does not hold "
+                f"payload encrypted with key {key_id!r}, {DECRYPT_HINT_MARK} "
                 f"(it holds {', '.join(sorted(self._ciphers))})"
             )
         data = payload.data

@@ -12,7 +12,7 @@ import pytest
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
 from llmbatch.ledger import api_layout, served_models
-from tests.fixtures.api_server import ApiServer, Keys
+from tests.fixtures.api_server import CAPPED_PROJECT, ApiServer, Keys
 from tests.llmbatch.api.helpers import assert_openai_error, batch_file, record_unstarted_batch
 
 
@@ -127,3 +127,24 @@ async def test_limits_answer_400_and_429(
     with pytest.raises(openai.BadRequestError) as in_use:
         await client.files.delete(f.id)
     assert_openai_error(in_use.value, status=400, code="file_in_use")
+
+
+async def test_an_operators_quota_caps_a_projects_batches_in_progress(
+    served_model: str, api_server: ApiServer, api_keys: Keys, api_pool: asyncpg.Pool
+) -> None:
+    """The session server lets every project have 2 batches in progress, and its
+    LLMBATCH_TENANT_QUOTAS lets CAPPED_PROJECT have 1: its second answers 429."""
+    client = openai.AsyncOpenAI(
+        base_url=api_server.base_url, api_key=await api_keys.new(CAPPED_PROJECT), max_retries=0
+    )
+    f = await client.files.create(file=("in.jsonl", batch_file(served_model, 2)), purpose="batch")
+    await record_unstarted_batch(
+        api_pool, project=CAPPED_PROJECT, input_file_id=f.id, model=served_model
+    )
+    with pytest.raises(openai.RateLimitError) as limited:
+        await client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    error = assert_openai_error(limited.value, status=429, code="too_many_batches_in_progress")
+    assert "has 1 batches in progress" in error["message"]
+    assert "max_concurrent_jobs in LLMBATCH_TENANT_QUOTAS" in error["message"]

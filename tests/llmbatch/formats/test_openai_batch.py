@@ -280,8 +280,27 @@ def test_an_empty_file_and_too_many_requests_are_errors_of_the_file() -> None:
     assert validate(many, max_requests=3) == [(None, "too_many_tasks", None)]
 
 
-def test_errors_are_kept_up_to_the_limit() -> None:
-    assert len(validate([b"x\n"] * 10, max_errors=4)) == 4
+def test_every_invalid_line_is_named_past_the_entries_kept_one_by_one() -> None:
+    """Four lines get an entry each; every other invalid line is named in one entry
+    per code, its lines as ranges, however many there are."""
+    lines: list[bytes | None] = [b"x\n"] * 6 + [dump(line())] + [b"y\n"] * 3
+    lines += [dump({**line(), "custom_id": "u", "url": "/v1/completions"}), b"z\n"]
+    validator = BatchValidator(
+        endpoint=ApiEndpoint.CHAT_COMPLETIONS, model="m", max_requests=100, max_errors=4
+    )
+    for number, data in enumerate(lines, start=1):
+        validator.add(number, data, max_bytes=1000)
+    errors = validator.finish()
+    assert [(e.line, e.code) for e in errors[:4]] == [
+        (n, "invalid_json_line") for n in (1, 2, 3, 4)
+    ]
+    more = {e.code: e for e in errors[4:]}
+    assert set(more) == {"invalid_json_line", "url_mismatch"} and len(errors) == 6
+    assert more["invalid_json_line"].line == 5
+    assert more["invalid_json_line"].message.endswith("lines 5-6, 8-10, 12.")
+    assert more["invalid_json_line"].message.startswith("6 more lines with this error")
+    assert more["url_mismatch"].message.endswith(": line 11.")
+    assert more["url_mismatch"].param == "url"
 
 
 def embedding_line(**body: Any) -> dict[str, Any]:

@@ -12,10 +12,12 @@ import pytest
 from pydantic import SecretStr
 from temporalio.client import Client
 
+from llmbatch.cli.jobview import last_task_failure
 from llmbatch.client.temporal import connect, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.security.codec import META_KEY_ID, new_keyring
+from tests.llmbatch.cli.test_jobs import cli
 from tests.llmbatch.security.test_canary import payloads_in, workflow_ids
 from tests.workflows.test_batch_job import classify_on_disk, companies
 from workers.cpu import cpu_worker
@@ -80,3 +82,33 @@ async def test_a_job_started_under_key_a_finishes_after_the_workers_switch_to_ke
                 p.metadata[META_KEY_ID] for p in payloads_in(event) if META_KEY_ID in p.metadata
             }
     assert key_ids == {key_a.current.encode(), key_b.current.encode()}
+
+
+async def test_status_names_the_key_a_worker_lacks_after_a_rotation(
+    stack: Settings, model_name: str, tmp_path: Path
+) -> None:
+    """The client rotated to key B but the CPU workers kept a keyring of key A only:
+    the job's workflow task cannot be decoded, and `status` says which key is missing
+    (not just Temporal's "Workflow Task in failed state")."""
+    tag = uuid.uuid4().hex[:8]
+    base = stack.model_copy(update={"cpu_task_queue": f"rot-lack-{tag}"})
+    key_a = new_keyring()
+    key_b = key_a.rotated()
+    under_a = base.model_copy(update={"codec_keys": SecretStr(key_a.to_json())})
+    under_b = base.model_copy(update={"codec_keys": SecretStr(key_b.to_json())})
+    spec = classify_on_disk(tmp_path, companies(4), model_name, shard_size=4)
+
+    client_a, client_b = await connect(under_a), await connect(under_b)
+    handle, _ = await start_job(client_b, spec, settings=under_b)
+    try:
+        async with cpu_worker(under_a, client=client_a):
+            for _ in range(300):
+                if await last_task_failure(client_b, handle) is not None:
+                    break
+                await asyncio.sleep(0.1)
+            code, _, err = await cli(under_b, "status", spec.job_id)
+        assert code == 1, err
+        assert f"key '{key_b.current}', which the keyring does not hold" in err, err
+        assert "codec-key rotate" in err and "Workflow Task in failed state" not in err
+    finally:
+        await handle.terminate("test over")
