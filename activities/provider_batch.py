@@ -85,8 +85,9 @@ class ProviderBatchActivities:
         after; a retry that finds a recorded file but no batch id looks for the batch
         on the provider by its metadata token before it creates one."""
         shard, spec = input.shard, input.shard.spec
-        token = book.token_of(spec.job_id, shard.shard, input.submission)
-        lease = book.lease_of(spec.job_id, shard.shard, input.submission)
+        # A re-driven shard's batches are its own: never the job's first run's.
+        token = book.token_of(spec.job_id, shard.shard, input.submission, redrive=shard.redrive)
+        lease = book.lease_of(spec.job_id, shard.shard, input.submission, redrive=shard.redrive)
         pool = self._ctx.pool
         try:
             endpoint, batch_api = await batch_endpoint(pool, spec.remote_endpoint or "")

@@ -13,7 +13,7 @@ CREATE TABLE endpoint_batch_api (
 );
 
 -- One row per provider batch llm-batch creates (or is about to): `token` is derived
--- from (job, shard, submission) and sent as the batch's metadata, so a retry after a
+-- from (job, shard, re-drive, submission) and sent as the batch's metadata, so a retry after a
 -- crash between "create" and "record" finds the batch on the provider instead of
 -- paying for a second one. The file and batch ids are recorded before any wait.
 CREATE TABLE provider_batches (
@@ -39,7 +39,6 @@ CREATE TABLE provider_batches (
     prompt_tokens     bigint      NOT NULL DEFAULT 0,
     completion_tokens bigint      NOT NULL DEFAULT 0,
     created_at        timestamptz NOT NULL DEFAULT now(),
-    updated_at        timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (job_id, shard, submission)
+    updated_at        timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX provider_batches_job ON provider_batches (job_id, shard);

@@ -13,14 +13,17 @@ from llmbatch.contract.states import BatchStatus
 from llmbatch.ledger.db import Database
 
 
-def token_of(job_id: str, shard: int, submission: int) -> str:
-    """The batch's token: the same for every attempt at the same submission."""
-    return hashlib.sha256(f"{job_id}\x1f{shard}\x1f{submission}".encode()).hexdigest()[:32]
+def token_of(job_id: str, shard: int, submission: int, *, redrive: int = 0) -> str:
+    """The batch's token: the same for every attempt at the same submission (of the
+    job's own run of the shard, or of its re-drive number ``redrive``)."""
+    run = f"{shard}" if redrive == 0 else f"{shard}\x1fredrive-{redrive}"
+    return hashlib.sha256(f"{job_id}\x1f{run}\x1f{submission}".encode()).hexdigest()[:32]
 
 
-def lease_of(job_id: str, shard: int, submission: int) -> str:
+def lease_of(job_id: str, shard: int, submission: int, *, redrive: int = 0) -> str:
     """The ledger lease a submission's items are claimed under."""
-    return f"{job_id}/shard-{shard}/provider-batch-{submission}"
+    run = "" if redrive == 0 else f"redrive-{redrive}-"
+    return f"{job_id}/shard-{shard}/provider-batch-{run}{submission}"
 
 
 @dataclass(slots=True)
