@@ -6,6 +6,7 @@ the session's CPU worker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import uuid
 from pathlib import Path
@@ -24,6 +25,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.spec import EndpointVia, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.provider.client import TOKEN_KEY, BatchClient
+from llmbatch.provider.lines import request_line
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.fixtures.worker_processes import (
     cpu_worker_process,
@@ -324,3 +326,41 @@ async def test_the_provider_api_down_for_a_while_is_waited_out(
     assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
     batches = await _provider_batches(api_server, key, spec.job_id)
     assert [b["id"] for b in batches] == [batch_id]
+
+
+def unsupported_on_every_line(custom_id: str, **kwargs: Any) -> tuple[str, bytes] | str:
+    """Test double (a fault injector): the real request line with a parameter the
+    provider does not support added, so the provider refuses the whole batch."""
+    made = request_line(custom_id, **kwargs)
+    assert not isinstance(made, str)
+    line = json.loads(made[1])
+    line["body"]["frequency_penalty"] = 0.5
+    return made[0], json.dumps(line).encode() + b"\n"
+
+
+async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_errors(
+    provider: Provider,
+    temporal_client: Client,
+    api_pool: asyncpg.Pool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(provider_activities, "request_line", unsupported_on_every_line)
+    settings, api_server, key, served_model = provider
+    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    rows = _rows(6)
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=6)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    summary = await asyncio.wait_for(job_result(handle), 300)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (6, 0, 6)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    assert len(batches) == 1 and batches[0]["status"] == "failed"
+    dead = await api_pool.fetch(
+        "SELECT error_class, error_message FROM items WHERE job_id = $1", spec.job_id
+    )
+    assert {d["error_class"] for d in dead} == {"InvalidRequest"}
+    assert all("failed validation" in d["error_message"] for d in dead)
+    assert all("frequency_penalty" in d["error_message"] for d in dead), dead[0]
