@@ -37,8 +37,7 @@ from llmbatch.dedup.coordination import (
     LEAD_WAIT_LIMIT_SECONDS,
     Group,
     Leads,
-    from_cache,
-    group_requests,
+    groups_to_run,
 )
 from llmbatch.engine.base import BatchEngine, EngineUsage
 from llmbatch.engine.errors import EndpointRefusedError, engine_dead
@@ -175,15 +174,9 @@ class GenerateActivities:
     ) -> list[Group]:
         """Identical requests of the shard in one group, then what the result cache
         answers recorded as such; what is left goes to the queue."""
-        groups = group_requests(spec, todo, dedup=spec.dedup)
-        weights = self._engine.weights
-        if (
-            not self._embed
-            and weights is not None
-            and (spec.cache if spec.cache is not None else self._ctx.settings.cache)
-        ):
-            groups = await from_cache(self._ctx, recorder, groups)
-        return groups
+        return await groups_to_run(
+            self._ctx, spec, todo, recorder, weights=self._engine.weights, embed=self._embed
+        )
 
     def _engine_span(self, input: ShardInput, *, requests: int) -> Span:
         # One span for the shard's engine work, not one per request: a job of millions

@@ -17,6 +17,7 @@ from activities.dead_letters import DeadLetterActivities
 from activities.drain import Drain
 from activities.fetch import FetchActivities
 from activities.planning import PlanningActivities
+from activities.provider_batch import ProviderBatchActivities
 from activities.render import RenderActivities
 from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
@@ -29,6 +30,7 @@ from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 from workers.startup import freeze_startup_objects
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
+from workflows.provider_batch import ProviderBatchWorkflow
 from workflows.shard import ShardWorkflow
 
 
@@ -45,11 +47,12 @@ def build_cpu_worker(
     control = ControlActivities(ctx)
     dead_letters = DeadLetterActivities(ctx)
     api_batch = ApiBatchActivities(ctx)
+    provider = ProviderBatchActivities(ctx)
     return Worker(
         client,
         task_queue=ctx.settings.cpu_task_queue,
         graceful_shutdown_timeout=drain_timeout,
-        workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow],
+        workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow, ProviderBatchWorkflow],
         # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         # Heartbeats: a killed worker's steps move on after their heartbeat timeout.
         interceptors=[*telemetry.worker_interceptors(client), BackgroundHeartbeatInterceptor()],
@@ -67,6 +70,11 @@ def build_cpu_worker(
             api_batch.record_api_batch,
             api_batch.set_api_batch_status,
             api_batch.finish_api_batch,
+            provider.submit,
+            provider.check,
+            provider.collect,
+            provider.give_up,
+            provider.cancel,
         ],
     )
 

@@ -10,6 +10,7 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     CancelledError,
+    ChildWorkflowError,
     FailureError,
     TimeoutError,
     TimeoutType,
@@ -37,6 +38,8 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.priority import HIGHEST_PRIORITY, aged
     from llmbatch.contract.priority import describe as describe_priority
     from llmbatch.contract.progress import format_duration
+    from llmbatch.contract.provider import PROVIDER_BATCH_WORKFLOW
+    from llmbatch.contract.spec import EndpointVia
     from llmbatch.contract.states import ErrorClass, FailureType
 
 from workflows import options
@@ -88,7 +91,23 @@ class ShardWorkflow:
             result_type=RenderResult,
             **options.cpu_step(spec, summary=f"shard {shard}: render prompts"),
         )
-        if rendered.to_generate:
+        if rendered.to_generate and spec.via is EndpointVia.BATCH:
+            _stop_if_cancelled()
+            # The endpoint's Batch API runs the shard; the child waits for it durably.
+            try:
+                await workflow.execute_child_workflow(
+                    PROVIDER_BATCH_WORKFLOW,
+                    input,
+                    id=f"{workflow.info().workflow_id}/provider-batch",
+                    priority=options.child_priority(spec),
+                )
+            except ChildWorkflowError as err:
+                # A step of the child that failed for good fails the shard as a step
+                # of its own would: its unfinished items die with the reason.
+                if isinstance(err.cause, ActivityError):
+                    raise err.cause from None
+                raise
+        elif rendered.to_generate:
             _stop_if_cancelled()
             # The shard page's details line: while this step waits, it is waiting for
             # a worker serving the model (the pending activity shows whether one took it).

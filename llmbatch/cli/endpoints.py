@@ -39,6 +39,54 @@ _ServeEmbeddingsAs = Annotated[
     list[str] | None,
     typer.Option(help="As --serve-as, for embeddings (/v1/embeddings, --task embed)."),
 ]
+_BatchApi = Annotated[
+    bool,
+    typer.Option(
+        "--batch-api",
+        help="It speaks OpenAI's Files + Batches API: jobs may run on it with --via batch.",
+    ),
+]
+_BatchIn = Annotated[float | None, typer.Option(help="Batch API: USD per 1M prompt tokens.")]
+_BatchOut = Annotated[float | None, typer.Option(help="Batch API: USD per 1M completion tokens.")]
+_BatchRequests = Annotated[
+    int | None, typer.Option(help="Batch API: requests a batch may hold (50000).")
+]
+_BatchBytes = Annotated[int | None, typer.Option(help="Batch API: bytes a requests file may hold.")]
+_BatchFlight = Annotated[
+    int | None, typer.Option(help="Batch API: batches in flight at once (100; not enforced yet).")
+]
+_BatchWindow = Annotated[
+    str | None, typer.Option(help="Batch API: the completion window asked for ('24h').")
+]
+
+
+# The command parameters of the Batch API's options, and the fields they set.
+_BATCH_FIELDS = {
+    "batch_input_price": "batch_input_price",
+    "batch_output_price": "batch_output_price",
+    "batch_max_requests": "max_requests",
+    "batch_max_bytes": "max_bytes",
+    "batch_max_in_flight": "max_in_flight",
+    "batch_window": "completion_window",
+}
+
+
+def _batch_options(given: dict[str, Any]) -> dict[str, Any] | None:
+    """The Batch API options among a command's parameters ``given``, or None when
+    neither --batch-api nor one of them was given."""
+    changes = {f: given[p] for p, f in _BATCH_FIELDS.items() if given[p] is not None}
+    return changes if given["batch_api"] or changes else None
+
+
+async def _set_batch_api(pool: Any, name: str, changes: dict[str, Any] | None) -> None:
+    from llmbatch.provider.settings import set_batch_api
+
+    if changes is None:
+        return
+    try:
+        await set_batch_api(pool, name, changes)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
 
 
 def _options(**given: Any) -> dict[str, Any]:
@@ -65,6 +113,13 @@ def add(
     timeout: _Timeout = None,
     serve_as: _ServeAs = None,
     serve_embeddings_as: _ServeEmbeddingsAs = None,
+    batch_api: _BatchApi = False,
+    batch_input_price: _BatchIn = None,
+    batch_output_price: _BatchOut = None,
+    batch_max_requests: _BatchRequests = None,
+    batch_max_bytes: _BatchBytes = None,
+    batch_max_in_flight: _BatchFlight = None,
+    batch_window: _BatchWindow = None,
 ) -> None:
     """Declare an OpenAI-compatible endpoint (a vLLM/SGLang/TGI server, a gateway, an API)."""
     from llmbatch.ledger.db import transaction
@@ -88,11 +143,14 @@ def add(
     except ValidationError as exc:
         raise _invalid(exc) from None
 
+    batch = _batch_options(locals())
+
     async def use(pool: Any) -> Any:
         try:
             async with transaction(pool) as conn:
                 endpoint = await add_endpoint(conn, config)
                 await _set_routes(conn, name, serve_as, serve_embeddings_as)
+                await _set_batch_api(conn, name, batch)
                 return endpoint, await _served(conn, name)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
@@ -117,6 +175,13 @@ def update(
     timeout: _Timeout = None,
     serve_as: _ServeAs = None,
     serve_embeddings_as: _ServeEmbeddingsAs = None,
+    batch_api: _BatchApi = False,
+    batch_input_price: _BatchIn = None,
+    batch_output_price: _BatchOut = None,
+    batch_max_requests: _BatchRequests = None,
+    batch_max_bytes: _BatchBytes = None,
+    batch_max_in_flight: _BatchFlight = None,
+    batch_window: _BatchWindow = None,
 ) -> None:
     """Change some of an endpoint's options (new limits reach running workers' leases)."""
     from llmbatch.ledger.db import transaction
@@ -134,11 +199,14 @@ def update(
         timeout=timeout,
     )
 
+    batch = _batch_options(locals())
+
     async def use(pool: Any) -> Any:
         try:
             async with transaction(pool) as conn:
                 endpoint = await update_endpoint(conn, name, changes)
                 await _set_routes(conn, name, serve_as, serve_embeddings_as)
+                await _set_batch_api(conn, name, batch)
                 return endpoint, await _served(conn, name)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
@@ -173,22 +241,33 @@ def show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """One endpoint, and its shared send rate and counters now."""
+    from llmbatch.provider.settings import get_batch_api
     from llmbatch.remote.endpoints import EndpointError, get_endpoint
     from llmbatch.remote.status import endpoint_state
 
     async def use(pool: Any) -> Any:
         try:
             endpoint = await get_endpoint(pool, name)
-            return endpoint, await _served(pool, name), await endpoint_state(pool, name)
+            return (
+                endpoint,
+                await _served(pool, name),
+                await endpoint_state(pool, name),
+                await get_batch_api(pool, name),
+            )
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, served, state = run(with_pool(Settings(), use))
+    endpoint, served, state, batch_api = run(with_pool(Settings(), use))
     if as_json:
-        emit_json({**endpoint.model_dump(mode="json"), "serves": served, **state.as_dict()})
+        batch = {"batch_api": batch_api.model_dump() if batch_api else None}
+        emit_json(
+            {**endpoint.model_dump(mode="json"), "serves": served, **state.as_dict(), **batch}
+        )
         return
     out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
     out.print(f"  {state.line()}", highlight=False)
+    if batch_api is not None:
+        out.print(f"  Batch API: {batch_api.line()}", highlight=False)
 
 
 @app.command("remove")

@@ -35,7 +35,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.priority import DEFAULT_PRIORITY
 from llmbatch.contract.progress import format_duration
-from llmbatch.contract.spec import JobSpec, Task
+from llmbatch.contract.spec import EndpointVia, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, JobState
 
 
@@ -127,14 +127,16 @@ async def _submit(
     await check_inputs(spec, settings)
     spec = await place_job(spec, settings)
     client = await connect(settings)
-    await _check_worker(
-        client,
-        spec.model,
-        settings,
-        require=require_worker,
-        task=spec.task,
-        endpoint=spec.remote_endpoint,
-    )
+    # Via batch, CPU workers wait for the provider: no engine worker is needed.
+    if spec.via is not EndpointVia.BATCH:
+        await _check_worker(
+            client,
+            spec.model,
+            settings,
+            require=require_worker,
+            task=spec.task,
+            endpoint=spec.remote_endpoint,
+        )
     try:
         await check_quota(client, settings, spec)
     except QuotaExceeded as exc:
@@ -243,8 +245,13 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     queue = settings.gpu_task_queue(p.model, task, endpoint=endpoint)
     # Zero workers is a normal state (scaled to zero): say how long and how much waits.
     backlog = await describe_queue(client, queue) if waiting else None
+    from llmbatch.provider.status import job_report_at, report_lines
+
+    # Provider batches (jobs via batch): each one's status and counts, and the cost.
+    provider = await job_report_at(settings.postgres_dsn.get_secret_value(), job_id)
     if as_json:
         data = p.model_dump(mode="json")
+        data.update(provider)
         data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
         if backlog is not None:
             data.update(
@@ -279,6 +286,8 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     for line in await job_lines(
         settings.postgres_dsn.get_secret_value(), job_id, items_done=p.items_done
     ):
+        out.print(f"  {escape(line)}", highlight=False)
+    for line in report_lines(provider):
         out.print(f"  {escape(line)}", highlight=False)
     out.print(f"  throughput: {rate:.1f} items/s over {elapsed:.0f} s")
     out.print(f"  web ui: {job_url(settings, job_id)}")

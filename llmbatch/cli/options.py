@@ -26,7 +26,14 @@ from llmbatch.cli.common import CliError, fail
 from llmbatch.config import Settings
 from llmbatch.contract import uris
 from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
-from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, OutputFormat, Task
+from llmbatch.contract.spec import (
+    ChatMessage,
+    EndpointVia,
+    InputFormat,
+    JobSpec,
+    OutputFormat,
+    Task,
+)
 from llmbatch.formats import planning
 from llmbatch.tables import jobs as tables
 
@@ -52,6 +59,13 @@ class JobOptions:
             help="Run on this remote endpoint (llm-batch endpoint add); --model is then the "
             "name the endpoint serves it under. Default: the endpoint the model is routed to "
             "(endpoint add/update --serve-as), if any."
+        ),
+    ] = None
+    via: Annotated[
+        EndpointVia | None,
+        typer.Option(
+            help="With --endpoint: 'batch' hands each shard to the endpoint's Batch API "
+            "(endpoint add --batch-api) at its batch prices; 'online' (default) sends requests."
         ),
     ] = None
     max_cost: Annotated[
@@ -191,6 +205,7 @@ class JobOptions:
             ("tenant", self.tenant),
             ("tenant_weight", self.tenant_weight),
             ("remote_endpoint", self.endpoint),
+            ("via", self.via),
             ("max_cost_usd", self.max_cost),
         ]
         for key, value in options:
@@ -366,6 +381,7 @@ async def place_job(spec: JobSpec, settings: Settings) -> JobSpec:
     ever), and a job naming none takes its model's route, if an operator routed the
     model to an endpoint (``llm-batch endpoint add|update NAME --serve-as MODEL``)."""
     from llmbatch import ledger
+    from llmbatch.provider.settings import batch_endpoint
     from llmbatch.remote.endpoints import EndpointError, get_endpoint
     from llmbatch.remote.routes import endpoint_for
 
@@ -377,7 +393,10 @@ async def place_job(spec: JobSpec, settings: Settings) -> JobSpec:
         raise CliError(f"cannot reach Postgres (it holds the endpoints): {exc}") from None
     try:
         if spec.remote_endpoint is not None:
-            await get_endpoint(pool, spec.remote_endpoint)
+            # Via batch, the endpoint must also declare its Batch API.
+            await (batch_endpoint if spec.via is EndpointVia.BATCH else get_endpoint)(
+                pool, spec.remote_endpoint
+            )
             return spec
         routed = await endpoint_for(pool, model=spec.model, task=spec.task)
     except EndpointError as exc:

@@ -60,6 +60,14 @@ class Task(enum.StrEnum):
     EMBED = "embed"
 
 
+class EndpointVia(enum.StrEnum):
+    """How a job on a remote endpoint reaches it: request by request (``online``), or
+    shard by shard as provider batches through its Files + Batches API (``batch``)."""
+
+    ONLINE = "online"
+    BATCH = "batch"
+
+
 class OutputFormat(enum.StrEnum):
     """How a job's output parts are written: JSON lines, or Parquet columns."""
 
@@ -309,6 +317,12 @@ class JobSpec(_Strict):
         "'llm-batch endpoint add' (served by 'llm-batch worker remote --endpoint NAME'); "
         "unset: on GPU workers that load the model.",
     )
+    via: EndpointVia = Field(
+        default=EndpointVia.ONLINE,
+        description="With remote_endpoint: 'online' sends each request (remote workers); "
+        "'batch' hands each shard to the endpoint's Batch API as one provider batch "
+        "(declared with 'llm-batch endpoint add --batch-api'), waited for by the CPU workers.",
+    )
     max_cost_usd: float | None = Field(
         default=None,
         gt=0,
@@ -518,6 +532,14 @@ class JobSpec(_Strict):
                 f"an API batch for {self.api_batch.endpoint} is a {self.api_batch.endpoint.task} "
                 f"job; set task to {self.api_batch.endpoint.task!r}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _batch_needs_endpoint(self) -> Self:
+        if self.via is EndpointVia.BATCH and self.remote_endpoint is None:
+            raise ValueError("via 'batch' needs a remote_endpoint (its provider's Batch API)")
+        if self.via is EndpointVia.BATCH and self.task is not Task.GENERATE:
+            raise ValueError("via 'batch' runs generate jobs only")
         return self
 
     @model_validator(mode="after")

@@ -82,6 +82,27 @@ def group_requests(spec: JobSpec, todo: list[StagedRequest], *, dedup: bool) -> 
     return groups
 
 
+async def groups_to_run(
+    ctx: RecordingContext,
+    spec: JobSpec,
+    todo: list[StagedRequest],
+    recorder: Recorder,
+    *,
+    weights: str | None,
+    embed: bool = False,
+) -> list[Group]:
+    """Identical requests of the shard in one group, then what the result cache
+    answers recorded as such (with known ``weights``); what is left must be run."""
+    groups = group_requests(spec, todo, dedup=spec.dedup)
+    if (
+        not embed
+        and weights is not None
+        and (spec.cache if spec.cache is not None else ctx.settings.cache)
+    ):
+        groups = await from_cache(ctx, recorder, groups)
+    return groups
+
+
 async def from_cache(ctx: RecordingContext, recorder: Recorder, groups: list[Group]) -> list[Group]:
     """Answer the groups the result cache holds (the recorder's tenant's entries only,
     see :func:`llmbatch.dedup.keys.cache_scope`); return the others."""

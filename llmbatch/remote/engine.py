@@ -156,43 +156,6 @@ class RemoteEngine:
 
     # --- requests ------------------------------------------------------------------
 
-    def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]] | str:
-        """The path and body for ``request``, or why the endpoint cannot take it."""
-        spec: SamplingSpec = request.sampling
-        body: dict[str, Any] = {
-            # Every other parameter of the line, as given: the endpoint runs (or refuses)
-            # it, as the in-process engine runs it through vLLM's request models.
-            **(spec.params or {}),
-            "model": self._model,
-            "max_tokens": spec.max_tokens,
-            "temperature": spec.temperature,
-            "top_p": spec.top_p,
-        }
-        if spec.stop:
-            body["stop"] = spec.stop
-        if spec.seed is not None:
-            body["seed"] = spec.seed
-        if spec.truncate_prompt_tokens is not None:
-            if not self._kind.vllm:
-                return "truncate_prompt_tokens needs a vLLM server"
-            body["truncate_prompt_tokens"] = spec.truncate_prompt_tokens
-        if spec.json_schema is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "output", "schema": spec.json_schema, "strict": True},
-            }
-        elif spec.choice is not None or spec.regex is not None:
-            if not self._kind.vllm:
-                return "choice and regex constraints need a vLLM server (use json_schema)"
-            body["structured_outputs"] = (
-                {"choice": spec.choice} if spec.choice is not None else {"regex": spec.regex}
-            )
-        if request.messages is not None:
-            body["messages"] = request.messages
-            return "/chat/completions", body
-        body["prompt"] = request.prompt if request.prompt is not None else request.prompt_token_ids
-        return "/completions", body
-
     async def _send(
         self, path: str, body: dict[str, Any], *, tokens: float, key: Key, usage: EngineUsage | None
     ) -> Answer:
@@ -249,7 +212,7 @@ class RemoteEngine:
         prepared = prepare(request.sampling, vllm=False)
         if prepared.schema_error is not None:
             return failed(request, ErrorClass.INVALID_STRUCTURED_OUTPUT, prepared.schema_error)
-        payload = self._payload(request)
+        payload = request_payload(request, model=self._model, vllm=self._kind.vllm)
         if isinstance(payload, str):
             return failed(request, ErrorClass.INVALID_REQUEST, payload)
         path, body = payload
@@ -377,6 +340,47 @@ def usage_key(request_id: str) -> Key:
     workflow_id = f"{job}/{rest.rsplit('/', 1)[0]}" if "/" in rest else job
     shard = shard_of(workflow_id)
     return job, -1 if shard is None else shard
+
+
+def request_payload(
+    request: GenerationRequest, *, model: str, vllm: bool
+) -> tuple[str, dict[str, Any]] | str:
+    """The path (under the base URL) and body for ``request``, or why the endpoint
+    cannot take it (``vllm``: a vLLM server, which takes more than OpenAI's API)."""
+    spec: SamplingSpec = request.sampling
+    body: dict[str, Any] = {
+        # Every other parameter of the line, as given: the endpoint runs (or refuses)
+        # it, as the in-process engine runs it through vLLM's request models.
+        **(spec.params or {}),
+        "model": model,
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+    }
+    if spec.stop:
+        body["stop"] = spec.stop
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    if spec.truncate_prompt_tokens is not None:
+        if not vllm:
+            return "truncate_prompt_tokens needs a vLLM server"
+        body["truncate_prompt_tokens"] = spec.truncate_prompt_tokens
+    if spec.json_schema is not None:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": spec.json_schema, "strict": True},
+        }
+    elif spec.choice is not None or spec.regex is not None:
+        if not vllm:
+            return "choice and regex constraints need a vLLM server (use json_schema)"
+        body["structured_outputs"] = (
+            {"choice": spec.choice} if spec.choice is not None else {"regex": spec.regex}
+        )
+    if request.messages is not None:
+        body["messages"] = request.messages
+        return "/chat/completions", body
+    body["prompt"] = request.prompt if request.prompt is not None else request.prompt_token_ids
+    return "/completions", body
 
 
 def _choice(answered: Any, *, chat: bool) -> dict[str, Any]:

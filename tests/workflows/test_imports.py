@@ -12,7 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-WORKFLOW_MODULES = ["workflows.batch_job", "workflows.shard", "workflows.dead_letter"]
+WORKFLOW_MODULES = [
+    "workflows.batch_job",
+    "workflows.shard",
+    "workflows.dead_letter",
+    "workflows.provider_batch",
+]
 FORBIDDEN = ("asyncpg", "boto3", "botocore", "vllm", "torch", "jinja2", "pyarrow")
 
 
@@ -76,6 +81,13 @@ ALLOWED: dict[str, set[str]] = {
         "llmbatch.engine",
         "llmbatch.ledger.db",
         "llmbatch.telemetry",
+    },
+    "llmbatch.provider": {
+        "llmbatch.contract",
+        "llmbatch.engine.requests",
+        "llmbatch.formats.openai_batch",
+        "llmbatch.ledger.db",
+        "llmbatch.remote",
     },
     "llmbatch.client": {
         "llmbatch.config",

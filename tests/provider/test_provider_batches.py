@@ -1,0 +1,366 @@
+"""Jobs handed to a provider's Batch API: the provider is a real one, llm-batch's own
+``llm-batch serve`` on the test stack (its own project and key; its batches run on the
+session's GPU worker), and the job's shards go to it as provider batches, waited for by
+the session's CPU worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
+
+import aiohttp
+import asyncpg
+import pytest
+import pytest_asyncio
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import CancelledError
+
+import activities.provider_batch as provider_activities
+from llmbatch.client.temporal import start_job
+from llmbatch.config import Settings
+from llmbatch.contract.spec import EndpointVia, SamplingSpec
+from llmbatch.devstack.demo import wait_for_pollers
+from llmbatch.provider.client import TOKEN_KEY, BatchClient
+from llmbatch.provider.lines import request_line
+from tests.fixtures.api_server import ApiServer, Keys
+from tests.fixtures.worker_processes import (
+    cpu_worker_process,
+    job_result,
+    signal_group,
+    stop_worker,
+)
+from tests.remote.conftest import KEY_ENV, add_endpoint, cli, job, output_ids
+
+
+class Provider(NamedTuple):
+    """The job side's settings, and the provider: ``llm-batch serve``, a key of a
+    project of its own, and the model it serves."""
+
+    settings: Settings
+    server: ApiServer
+    key: str
+    model: str
+
+
+@pytest_asyncio.fixture
+async def provider(
+    workers: Settings,
+    api_server: ApiServer,
+    api_keys: Keys,
+    served_model: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Provider:
+    key = await api_keys.new(f"provider-{uuid.uuid4().hex[:6]}")
+    # The CPU workers (this process, and the worker processes it starts) read the key
+    # from their environment, as a deployment's do.
+    monkeypatch.setenv(KEY_ENV, key)
+    return Provider(workers, api_server, key, served_model)
+
+
+async def _provider_batches(server: ApiServer, key: str, job_id: str) -> list[dict[str, Any]]:
+    """Every batch the provider holds for ``job_id`` (its metadata names the job), as
+    its own /v1/batches list has them."""
+    found: list[dict[str, Any]] = []
+    after: str | None = None
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+        while True:
+            params = {"limit": "100", **({"after": after} if after else {})}
+            async with http.get(f"{server.base_url}/batches", params=params) as response:
+                assert response.status == 200, await response.text()
+                page = await response.json()
+            found += [b for b in page["data"] if (b.get("metadata") or {}).get("job") == job_id]
+            if not page["has_more"]:
+                return found
+            after = page["data"][-1]["id"]
+
+
+async def test_job_via_batch_runs_once_with_one_provider_batch_per_shard(
+    provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    settings, api_server, key, served_model = provider
+    endpoint = add_endpoint(
+        settings, api_server.base_url, "--input-price", "2", "--output-price", "8",
+        "--batch-api", "--batch-input-price", "1", "--batch-output-price", "4",
+    )  # fmt: skip
+    shown = cli(settings, "endpoint", "show", endpoint)
+    assert shown.returncode == 0 and "Batch API: $1/$4 per 1M tokens" in shown.stdout, shown.stdout
+    # Two shards of 12; rows 10 and 11 repeat rows 0 and 1 (greedy): deduplicated, so
+    # shard 0 sends 10 requests, shard 1 sends 12.
+    rows = [{"id": f"r{i}", "text": f"Say something about {i % 10 if i in (10, 11) else i}."}
+            for i in range(24)]  # fmt: skip
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=12)
+    spec = spec.model_copy(
+        update={
+            "id_field": "id",
+            "via": EndpointVia.BATCH,
+            "sampling": SamplingSpec(max_tokens=4, temperature=0.0),
+        }
+    )
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    summary = await asyncio.wait_for(job_result(handle), 300)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (24, 24, 0)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    assert sorted(b["metadata"]["shard"] for b in batches) == ["0", "1"]
+    assert all(b["status"] == "completed" for b in batches)
+    sent = {b["metadata"]["shard"]: b["request_counts"]["total"] for b in batches}
+    assert sent == {"0": 10, "1": 12}
+    ledger_rows = await api_pool.fetch(
+        "SELECT item_id, result_source, shared_with FROM items WHERE job_id = $1 "
+        "AND result_source <> 'generated' ORDER BY item_id",
+        spec.job_id,
+    )
+    assert [(r["item_id"], r["shared_with"]) for r in ledger_rows] == [("r10", "r0"), ("r11", "r1")]
+    recorded = await api_pool.fetch(
+        "SELECT batch_id, status, collected, prompt_tokens, completion_tokens "
+        "FROM provider_batches WHERE job_id = $1 ORDER BY shard",
+        spec.job_id,
+    )
+    assert sorted(r["batch_id"] for r in recorded) == sorted(b["id"] for b in batches)
+    assert all(r["collected"] and r["status"] == "completed" for r in recorded)
+    # The provider's answers went to the result cache, as the endpoint's online ones do.
+    cached = await api_pool.fetchval(
+        "SELECT count(*) FROM result_cache WHERE job_id = $1", spec.job_id
+    )
+    assert cached == 22
+    status = cli(settings, "status", spec.job_id)
+    assert status.returncode == 0, status.stderr
+    prompt = sum(r["prompt_tokens"] for r in recorded)
+    completion = sum(r["completion_tokens"] for r in recorded)
+    assert prompt > 0 and completion > 0
+    batch_cost = (prompt * 1 + completion * 4) / 1e6
+    assert f"${batch_cost:.4f} at batch prices" in status.stdout, status.stdout
+    assert f"(online: ${2 * batch_cost:.4f})" in status.stdout, status.stdout
+    assert "completed, 10 completed, 0 failed of 10, recorded" in status.stdout, status.stdout
+
+
+async def _recorded_batch_id(pool: asyncpg.Pool, job_id: str) -> str:
+    """The job's (one) provider batch id, once the ledger has it."""
+    for _ in range(900):
+        batch_id = await pool.fetchval(
+            "SELECT batch_id FROM provider_batches WHERE job_id = $1", job_id
+        )
+        if batch_id is not None:
+            return str(batch_id)
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"job {job_id}: no provider batch recorded")
+
+
+def _rows(count: int) -> list[dict[str, Any]]:
+    return [{"id": f"r{i}", "text": f"Say something about {i}."} for i in range(count)]
+
+
+class DiesAfterCreate(BatchClient):
+    """Test double (a fault injector, not a fake provider): creates the batch on the real
+    provider, then fails the activity before its id is recorded, once per token, as a
+    CPU worker killed at that instant would leave it. Temporal retries the step."""
+
+    died: ClassVar[set[str]] = set()
+
+    async def create(
+        self, *, input_file_id: str, url: str, window: str, metadata: dict[str, str]
+    ) -> dict[str, Any]:
+        batch = await super().create(
+            input_file_id=input_file_id, url=url, window=window, metadata=metadata
+        )
+        token = metadata[TOKEN_KEY]
+        if token not in DiesAfterCreate.died:
+            DiesAfterCreate.died.add(token)
+            raise RuntimeError("test double: the worker died between create and record")
+        return batch
+
+
+async def test_a_crash_between_create_and_record_finds_the_batch_it_created(
+    provider: Provider,
+    temporal_client: Client,
+    api_pool: asyncpg.Pool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The CPU worker runs in this process: its submit steps use the fault injector.
+    monkeypatch.setattr(provider_activities, "BatchClient", DiesAfterCreate)
+    settings, api_server, key, served_model = provider
+    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    rows = _rows(16)
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=8)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    summary = await asyncio.wait_for(job_result(handle), 300)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (16, 16, 0)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    # Each shard's submit died once right after its create: still one batch a shard.
+    assert sorted(b["metadata"]["shard"] for b in batches) == ["0", "1"]
+    assert {b["metadata"][TOKEN_KEY] for b in batches} <= DiesAfterCreate.died
+    recorded = await api_pool.fetch(
+        "SELECT batch_id FROM provider_batches WHERE job_id = $1", spec.job_id
+    )
+    assert sorted(r["batch_id"] for r in recorded) == sorted(b["id"] for b in batches)
+
+
+async def test_an_expired_batch_is_submitted_again_then_its_rest_dead_letters_as_expired(
+    provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    settings, api_server, key, served_model = provider
+    # A 2-second window: the provider (2-row shards, one at a time) cannot finish 12
+    # requests in it, so every submission expires with some requests left.
+    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api", "--batch-window", "2s")
+    rows = _rows(12)
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=12)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    summary = await asyncio.wait_for(job_result(handle), 300)
+
+    # Every item exactly once: answered by one of the submissions, or dead as expired.
+    assert summary.items_succeeded + summary.items_dead == 12
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    dead = await api_pool.fetch(
+        "SELECT error_class FROM items WHERE job_id = $1 AND status = 'dead'", spec.job_id
+    )
+    assert {d["error_class"] for d in dead} <= {"BatchExpired"}
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    recorded = await api_pool.fetch(
+        "SELECT batch_id, status, submission FROM provider_batches WHERE job_id = $1 "
+        "AND batch_id IS NOT NULL ORDER BY submission",
+        spec.job_id,
+    )
+    # One provider batch per submission, the first expired, at most three.
+    assert sorted(b["id"] for b in batches) == sorted(r["batch_id"] for r in recorded)
+    assert 1 <= len(recorded) <= 3 and recorded[0]["status"] == "expired"
+    assert [r["submission"] for r in recorded] == list(range(len(recorded)))
+    if summary.items_dead:
+        assert len(recorded) == 3 and all(r["status"] == "expired" for r in recorded)
+
+
+async def test_cancelling_the_job_cancels_its_provider_batch(
+    provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    settings, api_server, key, served_model = provider
+    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    # 40 requests: the provider runs them 2 at a time, one shard after another, so the
+    # batch is still running when the cancel comes.
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=_rows(40), shard_size=40)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    batch_id = await _recorded_batch_id(api_pool, spec.job_id)
+    done = cli(settings, "cancel", spec.job_id)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert isinstance(failure.value.cause, CancelledError)
+    child = temporal_client.get_workflow_handle(f"{spec.job_id}/shard-00000/provider-batch")
+    for _ in range(600):
+        if (await child.describe()).status != WorkflowExecutionStatus.RUNNING:
+            break
+        await asyncio.sleep(0.2)
+    assert (await child.describe()).status == WorkflowExecutionStatus.CANCELED
+
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    assert [b["id"] for b in batches] == [batch_id]
+    assert batches[0]["status"] in ("cancelling", "cancelled")
+    # Nothing is left claimed: what the provider did not answer is pending again.
+    running = await api_pool.fetchval(
+        "SELECT count(*) FROM items WHERE job_id = $1 AND status = 'running'", spec.job_id
+    )
+    assert running == 0
+
+
+async def test_the_cpu_worker_killed_while_the_batch_runs_costs_no_second_batch(
+    provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # The job's workflows and CPU steps on a queue of their own, served by worker
+    # processes (SIGKILL-able); the provider's own jobs stay on the session's workers.
+    workers, api_server, key, served_model = provider
+    own = workers.model_copy(update={"cpu_task_queue": f"pb-{uuid.uuid4().hex[:8]}"})
+    endpoint = add_endpoint(own, api_server.base_url, "--batch-api")
+    rows = _rows(40)
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=40)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    first = cpu_worker_process(own, tmp_path / "cpu-1.log")
+    try:
+        await wait_for_pollers(temporal_client, [own.cpu_task_queue], procs=[first], within_s=180)
+        handle, _ = await start_job(temporal_client, spec, settings=own)
+        batch_id = await _recorded_batch_id(api_pool, spec.job_id)
+        signal_group(first, signal.SIGKILL)  # while the child workflow waits
+        first.wait(30)
+    finally:
+        stop_worker(first)
+    second = cpu_worker_process(own, tmp_path / "cpu-2.log")
+    try:
+        summary = await asyncio.wait_for(job_result(handle), 400)
+    finally:
+        stop_worker(second)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (40, 40, 0)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    assert [b["id"] for b in batches] == [batch_id]
+
+
+async def test_the_provider_api_down_for_a_while_is_waited_out(
+    provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    settings, api_server, key, served_model = provider
+    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    rows = _rows(20)
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=20)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    batch_id = await _recorded_batch_id(api_pool, spec.job_id)
+    # The provider's HTTP API goes away (SIGKILL) while the batch runs behind it; the
+    # status checks fail and are retried until it is back.
+    api_server.kill()
+    try:
+        await asyncio.sleep(8)
+    finally:
+        api_server.start()
+    summary = await asyncio.wait_for(job_result(handle), 300)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (20, 20, 0)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    assert [b["id"] for b in batches] == [batch_id]
+
+
+def unsupported_on_every_line(custom_id: str, **kwargs: Any) -> tuple[str, bytes] | str:
+    """Test double (a fault injector): the real request line with a parameter the
+    provider does not support added, so the provider refuses the whole batch."""
+    made = request_line(custom_id, **kwargs)
+    assert not isinstance(made, str)
+    line = json.loads(made[1])
+    line["body"]["frequency_penalty"] = 0.5
+    return made[0], json.dumps(line).encode() + b"\n"
+
+
+async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_errors(
+    provider: Provider,
+    temporal_client: Client,
+    api_pool: asyncpg.Pool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(provider_activities, "request_line", unsupported_on_every_line)
+    settings, api_server, key, served_model = provider
+    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    rows = _rows(6)
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=6)
+    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    summary = await asyncio.wait_for(job_result(handle), 300)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (6, 0, 6)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    batches = await _provider_batches(api_server, key, spec.job_id)
+    assert len(batches) == 1 and batches[0]["status"] == "failed"
+    dead = await api_pool.fetch(
+        "SELECT error_class, error_message FROM items WHERE job_id = $1", spec.job_id
+    )
+    assert {d["error_class"] for d in dead} == {"InvalidRequest"}
+    assert all("failed validation" in d["error_message"] for d in dead)
+    assert all("frequency_penalty" in d["error_message"] for d in dead), dead[0]
