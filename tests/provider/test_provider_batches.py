@@ -22,7 +22,7 @@ from temporalio.exceptions import CancelledError
 import activities.provider_batch as provider_activities
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
-from llmbatch.contract.spec import EndpointVia, SamplingSpec
+from llmbatch.contract.spec import EndpointVia, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.provider.client import TOKEN_KEY, BatchClient
 from llmbatch.provider.lines import request_line
@@ -155,6 +155,25 @@ def _rows(count: int) -> list[dict[str, Any]]:
     return [{"id": f"r{i}", "text": f"Say something about {i}."} for i in range(count)]
 
 
+def _via_batch(
+    provider: Provider,
+    tmp_path: Path,
+    rows: list[dict[str, Any]],
+    *,
+    shard_size: int,
+    settings: Settings | None = None,
+    options: tuple[str, ...] = (),
+) -> JobSpec:
+    """A job of ``rows`` (keyed by their ``id``) handed to the provider's Batch API, on
+    a new endpoint declared with ``--batch-api`` and ``options``."""
+    _, api_server, _, served_model = provider
+    endpoint = add_endpoint(
+        settings or provider.settings, api_server.base_url, "--batch-api", *options
+    )
+    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=shard_size)
+    return spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+
+
 class DiesAfterCreate(BatchClient):
     """Test double (a fault injector, not a fake provider): creates the batch on the real
     provider, then fails the activity before its id is recorded, once per token, as a
@@ -184,11 +203,9 @@ async def test_a_crash_between_create_and_record_finds_the_batch_it_created(
 ) -> None:
     # The CPU worker runs in this process: its submit steps use the fault injector.
     monkeypatch.setattr(provider_activities, "BatchClient", DiesAfterCreate)
-    settings, api_server, key, served_model = provider
-    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    settings, api_server, key, _ = provider
     rows = _rows(16)
-    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=8)
-    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    spec = _via_batch(provider, tmp_path, rows, shard_size=8)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
 
@@ -207,13 +224,17 @@ async def test_a_crash_between_create_and_record_finds_the_batch_it_created(
 async def test_an_expired_batch_is_submitted_again_then_its_rest_dead_letters_as_expired(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    settings, api_server, key, served_model = provider
+    settings, api_server, key, _ = provider
     # A 2-second window: the provider (2-row shards, one at a time) cannot finish 12
     # requests in it, so every submission expires with some requests left.
-    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api", "--batch-window", "2s")
     rows = _rows(12)
-    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=12)
-    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    spec = _via_batch(
+        provider,
+        tmp_path,
+        rows,
+        shard_size=12,
+        options=("--batch-window", "2s"),
+    )
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
 
@@ -241,12 +262,10 @@ async def test_an_expired_batch_is_submitted_again_then_its_rest_dead_letters_as
 async def test_cancelling_the_job_cancels_its_provider_batch(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    settings, api_server, key, served_model = provider
-    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    settings, api_server, key, _ = provider
     # 40 requests: the provider runs them 2 at a time, one shard after another, so the
     # batch is still running when the cancel comes.
-    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=_rows(40), shard_size=40)
-    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    spec = _via_batch(provider, tmp_path, _rows(40), shard_size=40)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     batch_id = await _recorded_batch_id(api_pool, spec.job_id)
     done = cli(settings, "cancel", spec.job_id)
@@ -276,12 +295,10 @@ async def test_the_cpu_worker_killed_while_the_batch_runs_costs_no_second_batch(
 ) -> None:
     # The job's workflows and CPU steps on a queue of their own, served by worker
     # processes (SIGKILL-able); the provider's own jobs stay on the session's workers.
-    workers, api_server, key, served_model = provider
+    workers, api_server, key, _ = provider
     own = workers.model_copy(update={"cpu_task_queue": f"pb-{uuid.uuid4().hex[:8]}"})
-    endpoint = add_endpoint(own, api_server.base_url, "--batch-api")
     rows = _rows(40)
-    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=40)
-    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    spec = _via_batch(provider, tmp_path, rows, shard_size=40, settings=own)
     first = cpu_worker_process(own, tmp_path / "cpu-1.log")
     try:
         await wait_for_pollers(temporal_client, [own.cpu_task_queue], procs=[first], within_s=180)
@@ -306,11 +323,9 @@ async def test_the_cpu_worker_killed_while_the_batch_runs_costs_no_second_batch(
 async def test_the_provider_api_down_for_a_while_is_waited_out(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    settings, api_server, key, served_model = provider
-    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    settings, api_server, key, _ = provider
     rows = _rows(20)
-    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=20)
-    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    spec = _via_batch(provider, tmp_path, rows, shard_size=20)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     batch_id = await _recorded_batch_id(api_pool, spec.job_id)
     # The provider's HTTP API goes away (SIGKILL) while the batch runs behind it; the
@@ -328,13 +343,14 @@ async def test_the_provider_api_down_for_a_while_is_waited_out(
     assert [b["id"] for b in batches] == [batch_id]
 
 
-def unsupported_on_every_line(custom_id: str, **kwargs: Any) -> tuple[str, bytes] | str:
-    """Test double (a fault injector): the real request line with a parameter the
-    provider does not support added, so the provider refuses the whole batch."""
+def wrong_url_on_every_line(custom_id: str, **kwargs: Any) -> tuple[str, bytes] | str:
+    """Test double (a fault injector): the real request line sent to another URL than
+    the batch's endpoint, a fault of the file (not of one line's body, which would be
+    that line's 400), so the provider refuses the whole batch in validation."""
     made = request_line(custom_id, **kwargs)
     assert not isinstance(made, str)
     line = json.loads(made[1])
-    line["body"]["frequency_penalty"] = 0.5
+    line["url"] = "/v1/completions"
     return made[0], json.dumps(line).encode() + b"\n"
 
 
@@ -345,12 +361,10 @@ async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_erro
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(provider_activities, "request_line", unsupported_on_every_line)
-    settings, api_server, key, served_model = provider
-    endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
+    monkeypatch.setattr(provider_activities, "request_line", wrong_url_on_every_line)
+    settings, api_server, key, _ = provider
     rows = _rows(6)
-    spec = job(tmp_path, endpoint=endpoint, model=served_model, rows=rows, shard_size=6)
-    spec = spec.model_copy(update={"id_field": "id", "via": EndpointVia.BATCH})
+    spec = _via_batch(provider, tmp_path, rows, shard_size=6)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
 
@@ -363,4 +377,4 @@ async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_erro
     )
     assert {d["error_class"] for d in dead} == {"InvalidRequest"}
     assert all("failed validation" in d["error_message"] for d in dead)
-    assert all("frequency_penalty" in d["error_message"] for d in dead), dead[0]
+    assert all("does not match the batch endpoint" in d["error_message"] for d in dead), dead[0]
