@@ -278,7 +278,9 @@ async def test_openai_embeddings_lines_run_through_submit(
         {"custom_id": "one", "body": {"input": texts[0]}},
         {"custom_id": "many", "body": {"input": texts[:3], "encoding_format": "base64"}},
         {"custom_id": "short", "body": {"input": texts[0], "dimensions": 32}},
+        # Token ids, as OpenAI and vLLM take them (the tiny model's own ids).
         {"custom_id": "tokens", "body": {"input": [1, 2, 3]}},
+        {"custom_id": "empty", "body": {"input": ""}},  # that line's 400, never the job's
     ]
     source = tmp_path / "batch.jsonl"
     source.write_text(
@@ -303,9 +305,9 @@ async def test_openai_embeddings_lines_run_through_submit(
     )
     assert code == 0, err
     summary = json.loads(out)
-    assert (summary["items_succeeded"], summary["items_dead"]) == (3, 1)
+    assert (summary["items_succeeded"], summary["items_dead"]) == (4, 1)
     found = manifest(summary["manifest"], settings)
-    assert found["embeddings"]["count"] == 5 and found["embeddings"]["dimensions"] is None
+    assert found["embeddings"]["count"] == 6 and found["embeddings"]["dimensions"] is None
     results = {r["custom_id"]: r for part in found["output_parts"] for r in jsonl(part)}
     body = results["one"]["response"]["body"]
     assert body["object"] == "list" and body["model"] == embed_worker.model
@@ -320,8 +322,9 @@ async def test_openai_embeddings_lines_run_through_submit(
         floats = list(memoryview(raw).cast("f"))
         assert len(floats) == DIM and cosine(floats, ref) >= 0.9999
     assert len(results["short"]["response"]["body"]["data"][0]["embedding"]) == 32
+    assert len(results["tokens"]["response"]["body"]["data"][0]["embedding"]) == DIM
     errors = [r for part in found["error_parts"] for r in jsonl(part)]
-    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("tokens", "InvalidRequest")]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("empty", "InvalidRequest")]
 
 
 def test_the_embedding_engines_processes_run_with_the_cpu_environment(
