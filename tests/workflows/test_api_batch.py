@@ -212,10 +212,10 @@ async def test_a_good_batch_completes_with_one_output_and_one_error_file_in_inpu
 ) -> None:
     make = chat_line if endpoint is ApiEndpoint.CHAT_COMPLETIONS else completion_line
     ids = [f"req-{i}" for i in range(7)]
-    # n=2 is refused when the request is built: that request alone fails.
+    # stream=true cannot run in a batch: that request alone fails (its 400).
     failing = {"req-3"}
     lines = [
-        make(c, model_name, f"Say {i}", **({"n": 2} if c in failing else {}))
+        make(c, model_name, f"Say {i}", **({"stream": True} if c in failing else {}))
         for i, c in enumerate(ids)
     ]
     handle = await start_batch(
@@ -247,7 +247,8 @@ async def test_a_good_batch_completes_with_one_output_and_one_error_file_in_inpu
     assert body["usage"]["total_tokens"] == (
         body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
     )
-    assert err[0]["response"] is None and err[0]["error"]["code"] == "InvalidRequest"
+    assert err[0]["error"]["code"] == "InvalidRequest"
+    assert err[0]["response"]["status_code"] == 400
     await replays(temporal_client, handle)
 
 
