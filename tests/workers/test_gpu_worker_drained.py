@@ -35,9 +35,8 @@ from tests.fixtures.worker_processes import (
     gpu_worker_process,
     items_by_id,
     job_result,
-    signal_group,
-    stop_holding_items,
     stop_worker,
+    until_done,
 )
 
 pytestmark = pytest.mark.slow
@@ -107,11 +106,10 @@ async def _drain_mid_job(
     try:
         await wait_for_pollers(client, [stack.gpu_task_queue(model)], procs=[first], within_s=300)
         handle, _ = await start_job(client, spec, settings=stack)
-        # Signalled while items are claimed and unfinished (frozen to be sure of it).
-        at_signal = (await stop_holding_items(pool, spec.job_id, first, after=ROWS // 6)).succeeded
+        await until_done(pool, spec.job_id, ROWS // 6, in_flight=True)
         engine = psutil.Process(first.pid).children(recursive=True)
         ready_while_running = ready.exists()
-        signal_group(first, signal.SIGCONT)
+        at_signal = (await ledger.jobs.job_counts(pool, job_id=spec.job_id)).succeeded
         signalled = time.monotonic()
         first.send_signal(signal.SIGTERM)  # the worker only, as Kubernetes does
         exit_code = await asyncio.to_thread(first.wait, drain_timeout + 60)
