@@ -195,14 +195,12 @@ class Budget:
         self.token_rate: float | None = None if tpm is None else tpm / 60.0
         self.factor = 1.0
         self.blocked_until = 0.0  # monotonic: a Retry-After seen by this process
-        self.wait_s = 0.0  # total time requests waited for the budget (rate-bound)
 
     def correct(self, *, estimated: float, actual: float) -> None:
         """A response's usage: the difference to its estimate goes back to the row."""
         self._give_back_tokens += estimated - actual
 
     async def acquire(self, tokens: float) -> None:
-        started = time.monotonic()
         async with self._lock:  # one lease at a time; requests queue here in order
             await self._wait_blocked()
             if self.limited:
@@ -211,7 +209,6 @@ class Budget:
             now = time.monotonic()
             if self.request_rate:
                 self._next_send = max(self._next_send, now) + 1.0 / self.request_rate
-        self.wait_s += time.monotonic() - started
 
     async def _wait_blocked(self) -> None:
         # A Retry-After may be extended while we sleep: look again after each sleep.
