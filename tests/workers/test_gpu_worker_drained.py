@@ -31,20 +31,25 @@ from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
+from llmbatch.generation.recorder import FLUSH_EVERY_ITEMS
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     items_by_id,
     job_result,
+    signal_group,
+    stop_holding_items,
     stop_worker,
-    until_done,
 )
 
 pytestmark = pytest.mark.slow
 
-ROWS, SHARD = 1200, 300
+ROWS, SHARD, SHARDS_AT_ONCE = 1200, 600, 2
 # Requests in flight per shard: at the signal, part of each shard is in the engine and
 # part not yet submitted (the part a drain gives back).
 MAX_IN_FLIGHT = 48
+# Claimed, unfinished items at the signal that prove some were not yet submitted: more
+# than each running shard can have in the engine and in its recorder's unflushed batch.
+HOLDING = SHARDS_AT_ONCE * (MAX_IN_FLIGHT + FLUSH_EVERY_ITEMS) + 1
 
 
 @dataclass
@@ -74,6 +79,8 @@ async def _run(
     *,
     drain_timeout: float,
     max_tokens: int,
+    params: dict[str, Any] | None = None,
+    max_num_seqs: int = 64,
 ) -> Drained:
     source = tmp_path / "rows.jsonl"
     source.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(ROWS)))
@@ -82,17 +89,25 @@ async def _run(
         inputs=[str(source)],
         messages=[ChatMessage(role="user", content="Tell me about {{ n }}.")],
         model=model,
-        sampling=SamplingSpec(max_tokens=max_tokens, temperature=1.0),
+        sampling=SamplingSpec(max_tokens=max_tokens, temperature=1.0, params=params),
         dedup=False,  # every item its own engine request: requests - items = redone
         shard_size=SHARD,
-        max_concurrent_shards=2,
+        max_concurrent_shards=SHARDS_AT_ONCE,
         output_uri=f"file://{tmp_path / 'out'}",
     )
-    return await _drain_mid_job(stack, client, spec, tmp_path, drain_timeout=drain_timeout)
+    return await _drain_mid_job(
+        stack, client, spec, tmp_path, drain_timeout=drain_timeout, max_num_seqs=max_num_seqs
+    )
 
 
 async def _drain_mid_job(
-    stack: Settings, client: Client, spec: JobSpec, tmp_path: Path, *, drain_timeout: float
+    stack: Settings,
+    client: Client,
+    spec: JobSpec,
+    tmp_path: Path,
+    *,
+    drain_timeout: float,
+    max_num_seqs: int = 64,
 ) -> Drained:
     model = spec.model
     ready = tmp_path / "ready"
@@ -100,18 +115,26 @@ async def _drain_mid_job(
     first_log, second_log = tmp_path / "gpu-1.log", tmp_path / "gpu-2.log"
     args = ("--drain-timeout", str(drain_timeout), "--max-in-flight", str(MAX_IN_FLIGHT))
     first = gpu_worker_process(
-        stack.model_copy(update={"ready_file": ready}), model, first_log, *args
+        stack.model_copy(update={"ready_file": ready}),
+        model,
+        first_log,
+        *args,
+        max_num_seqs=max_num_seqs,
     )
     second: subprocess.Popen[bytes] | None = None
     try:
         await wait_for_pollers(client, [stack.gpu_task_queue(model)], procs=[first], within_s=300)
         handle, _ = await start_job(client, spec, settings=stack)
-        await until_done(pool, spec.job_id, ROWS // 6, in_flight=True)
+        # Frozen while it holds more than it can have submitted, and signalled while
+        # frozen: the signal is taken as the group wakes, before the worker can finish
+        # its shards (on a quiet machine it did, between a poll and a signal).
+        held = await stop_holding_items(pool, spec.job_id, first, after=ROWS // 6, holding=HOLDING)
+        at_signal = held.succeeded
         engine = psutil.Process(first.pid).children(recursive=True)
         ready_while_running = ready.exists()
-        at_signal = (await ledger.jobs.job_counts(pool, job_id=spec.job_id)).succeeded
-        signalled = time.monotonic()
         first.send_signal(signal.SIGTERM)  # the worker only, as Kubernetes does
+        signalled = time.monotonic()
+        signal_group(first, signal.SIGCONT)
         exit_code = await asyncio.to_thread(first.wait, drain_timeout + 60)
         drain_s = time.monotonic() - signalled
         ready_at_exit = ready.exists()
@@ -198,7 +221,12 @@ async def test_drain_shorter_than_the_work_in_flight_aborts_and_loses_nothing(
         own_model,
         tmp_path,
         drain_timeout=drain_timeout,
-        max_tokens=192,
+        # Long requests (vLLM's ignore_eos: no early end of text), 8 at a time in the
+        # engine and the rest of the 96 in flight queued there: on a quiet machine the
+        # tiny model finished all 96 of 192 tokens inside a 1 s drain.
+        max_tokens=400,
+        params={"ignore_eos": True},
+        max_num_seqs=8,
     )
     _check_every_item_once(run)
     redone = run.engine_requests - ROWS
