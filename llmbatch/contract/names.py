@@ -7,6 +7,7 @@ hold boto3, asyncpg or vLLM; callers in other languages use them too.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # Workflow types.
@@ -83,11 +84,30 @@ MODEL_HASH_CHARS = 10
 MODEL_SLUG_CHARS = 80
 
 
+# How a model given as a local path starts: absolute, explicitly relative, or in a
+# home folder. 'org/name' is a Hugging Face id, not a path.
+_PATH_PREFIXES = ("/", "./", "../", "~")
+# Hex characters of the path's hash in a path's name: tells apart two folders of the
+# same name ('/a/tiny', '/b/tiny'), which may hold different weights.
+PATH_NAME_HASH_CHARS = 8
+
+
 def model_identity(model: str) -> str:
-    """The model as jobs and workers compare it: the id or path as given, without
-    trailing slashes ('/m/' and '/m' name one model). Paths are not resolved: the
-    machine that names a model need not be the one that loads it."""
-    return model.rstrip("/") or model
+    """The model as jobs, workers and the OpenAI API name and compare it.
+
+    A model id is itself, without trailing slashes ('/m/' and '/m' name one model).
+    A local path is its folder's name and a hash of the whole path as given
+    ('/models/tiny' -> 'tiny-1c3e9a0b'), so ``GET /v1/models`` never shows a server
+    path and a batch can name the model by what it lists, while two folders of the
+    same name stay two models. Paths are not resolved: the machine that names a
+    model need not be the one that loads it, so both must spell the path alike (or
+    give the worker vLLM's ``--served-model-name`` and use that name).
+    """
+    given = model.rstrip("/") or model
+    if not given.startswith(_PATH_PREFIXES) or given == "/":
+        return given
+    digest = hashlib.sha256(given.encode()).hexdigest()[:PATH_NAME_HASH_CHARS]
+    return f"{given.rsplit('/', 1)[-1] or 'model'}-{digest}"
 
 
 def model_slug(model: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmbatch.config import Settings, redact
-from llmbatch.contract.names import model_slug
+from llmbatch.contract.names import model_identity, model_slug
 
 
 @pytest.fixture
@@ -70,7 +70,8 @@ def test_secrets_do_not_show_in_repr(clean_env: pytest.MonkeyPatch) -> None:
     ("model", "readable"),
     [
         ("Qwen/Qwen2.5-0.5B-Instruct", "llm-batch-gpu-generate-qwen-qwen2.5-0.5b-instruct-"),
-        ("/tmp/models/tiny-llama/", "llm-batch-gpu-generate-tmp-models-tiny-llama-"),
+        # A local path by its folder's name and the path's hash (no server path shown).
+        ("/tmp/models/tiny-llama/", "llm-batch-gpu-generate-tiny-llama-"),
     ],
 )
 def test_gpu_queue_is_named_for_the_task_and_the_whole_model(
@@ -79,6 +80,8 @@ def test_gpu_queue_is_named_for_the_task_and_the_whole_model(
     queue = Settings().gpu_task_queue(model)
     assert queue.startswith(readable) and model_slug(model) in queue
     assert queue == Settings().gpu_task_queue(model.rstrip("/") + "/")
+    # A job naming the model as GET /v1/models lists it reaches the same workers.
+    assert queue == Settings().gpu_task_queue(model_identity(model))
 
 
 def test_models_that_share_a_last_segment_or_a_slug_get_their_own_queues(

@@ -48,10 +48,10 @@ def body_of(line: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_sampling_parameters_vllm_runs_are_accepted_and_honoured(
-    served_model: str, api_server: ApiServer, api_keys: Keys
+    served_model: str, model_name: str, api_server: ApiServer, api_keys: Keys
 ) -> None:
     client, _ = await new_client(api_server, api_keys)
-    tokenizer = AutoTokenizer.from_pretrained(served_model)
+    tokenizer = AutoTokenizer.from_pretrained(model_name)
     forced = tokenizer.encode("story", add_special_tokens=False)[0]
     lines = [
         # Every parameter a probe found refused, on one line: it runs.
@@ -132,10 +132,10 @@ async def test_json_cut_at_max_tokens_returns_its_text_with_finish_reason_length
 
 
 async def test_completions_take_token_id_prompts(
-    served_model: str, api_server: ApiServer, api_keys: Keys
+    served_model: str, model_name: str, api_server: ApiServer, api_keys: Keys
 ) -> None:
     client, _ = await new_client(api_server, api_keys)
-    tokenizer = AutoTokenizer.from_pretrained(served_model)
+    tokenizer = AutoTokenizer.from_pretrained(model_name)
     ids = tokenizer.encode("Once upon a time")
 
     def line(custom_id: str, prompt: Any, **body: Any) -> dict[str, Any]:

@@ -106,11 +106,11 @@ def run_batch(
 
 
 async def test_vllms_run_batch_inputs_are_answered_by_llm_batch_too(
-    served_model: str, api_server: ApiServer, api_keys: Keys, tmp_path: Path
+    served_model: str, model_name: str, api_server: ApiServer, api_keys: Keys, tmp_path: Path
 ) -> None:
     client, _ = await new_client(api_server, api_keys)
     lines = named(INPUT_BATCH, served_model)
-    code, theirs = run_batch(served_model, lines, tmp_path)
+    code, theirs = run_batch(model_name, lines, tmp_path, "--served-model-name", served_model)
     assert code == 0 and [x["custom_id"] for x in theirs] == [x["custom_id"] for x in lines]
     answered = {x["custom_id"] for x in theirs if x["error"] is None}
     # Its max_tokens of 1000 is more than the tiny model's context of 512 leaves:
@@ -145,11 +145,11 @@ async def test_vllms_run_batch_inputs_are_answered_by_llm_batch_too(
 
 
 async def test_vllms_invalid_run_batch_input_is_refused_by_both(
-    served_model: str, api_server: ApiServer, api_keys: Keys, tmp_path: Path
+    served_model: str, model_name: str, api_server: ApiServer, api_keys: Keys, tmp_path: Path
 ) -> None:
     client, _ = await new_client(api_server, api_keys)
     lines = named(INVALID_INPUT_BATCH, served_model)
-    code, _ = run_batch(served_model, lines, tmp_path)
+    code, _ = run_batch(model_name, lines, tmp_path, "--served-model-name", served_model)
     assert code != 0
     failed = await submit(client, lines)
     assert failed.status == "failed" and failed.errors is not None

@@ -11,6 +11,7 @@ import pytest
 from llmbatch import ledger
 from llmbatch.cli.options import JobOptions
 from llmbatch.config import Settings
+from llmbatch.contract.names import model_identity
 from llmbatch.dedup import result_cache
 from tests.llmbatch.cli.test_jobs import cli
 
@@ -19,11 +20,13 @@ pytestmark = pytest.mark.slow
 
 async def test_cache_stats_and_purge_by_model_and_age(stack: Settings) -> None:
     model = f"/models/cli-{uuid.uuid4().hex[:8]}"
+    # Kept under the model's name, as generate stores it (a path's name, not the path).
+    name = model_identity(model)
     pool = await ledger.db.create_pool(stack.postgres_dsn.get_secret_value())
     try:
         await result_cache.store(
             pool,
-            model=model,
+            model=name,
             weights="sha256:abc",
             job_id="cli-cache",
             entries=[
@@ -35,7 +38,7 @@ async def test_cache_stats_and_purge_by_model_and_age(stack: Settings) -> None:
         await pool.close()
 
     code, out, _ = await cli(stack, "cache", "stats", "--json")
-    (mine,) = [s for s in json.loads(out) if s["model"] == model]
+    (mine,) = [s for s in json.loads(out) if s["model"] == name]
     assert code == 0 and (mine["entries"], mine["hits"], mine["weights"]) == (3, 0, "sha256:abc")
 
     code, out, _ = await cli(stack, "cache", "purge", "--older-than", "30d", "--model", model)
