@@ -16,6 +16,8 @@ PROVIDER_CHECK = "provider_batch_check"
 PROVIDER_COLLECT = "provider_batch_collect"
 PROVIDER_GIVE_UP = "provider_batch_give_up"
 PROVIDER_CANCEL = "provider_batch_cancel"
+PROVIDER_TAKE_SLOT = "provider_batch_take_slot"
+PROVIDER_RELEASE_SLOT = "provider_batch_release_slot"
 
 # An expired provider batch is submitted again for what it did not finish this many
 # times; then the rest is dead-lettered as expired.
