@@ -88,7 +88,11 @@ class ProviderBatchActivities:
         try:
             _, batch_api = await batch_endpoint(self._ctx.pool, spec.remote_endpoint or "")
         except EndpointError as exc:
-            raise ApplicationError(str(exc), type=FailureType.ENDPOINT_REFUSED) from None
+            # Removed (or its Batch API) since the job started: this step, retried
+            # until Postgres answers, would otherwise wait for ever.
+            raise ApplicationError(
+                str(exc), type=FailureType.ENDPOINT_REFUSED, non_retryable=True
+            ) from None
         return await slots.take(
             self._ctx.pool,
             token=_token(input),

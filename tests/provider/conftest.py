@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, NamedTuple
 
@@ -11,6 +12,7 @@ import pytest
 import pytest_asyncio
 
 from llmbatch.config import Settings
+from llmbatch.provider.lines import request_line
 from tests.fixtures.api_server import ApiServer, Keys
 from tests.remote.conftest import KEY_ENV
 
@@ -55,3 +57,18 @@ async def provider_batches(server: ApiServer, key: str, job_id: str) -> list[dic
             if not page["has_more"]:
                 return found
             after = page["data"][-1]["id"]
+
+
+def rows_of(count: int) -> list[dict[str, Any]]:
+    return [{"id": f"r{i}", "text": f"Say something about {i}."} for i in range(count)]
+
+
+def wrong_url_on_every_line(custom_id: str, **kwargs: Any) -> tuple[str, bytes] | str:
+    """Test double (a fault injector): the real request line sent to another URL than
+    the batch's endpoint, a fault of the file (not of one line's body, which would be
+    that line's 400), so the provider refuses the whole batch in validation."""
+    made = request_line(custom_id, **kwargs)
+    assert not isinstance(made, str)
+    line = json.loads(made[1])
+    line["url"] = "/v1/completions"
+    return made[0], json.dumps(line).encode() + b"\n"

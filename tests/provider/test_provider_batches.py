@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import signal
 import uuid
 from pathlib import Path
@@ -24,14 +23,13 @@ from llmbatch.config import Settings
 from llmbatch.contract.spec import EndpointVia, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.provider.client import TOKEN_KEY, BatchClient
-from llmbatch.provider.lines import request_line
 from tests.fixtures.worker_processes import (
     cpu_worker_process,
     job_result,
     signal_group,
     stop_worker,
 )
-from tests.provider.conftest import Provider, provider_batches
+from tests.provider.conftest import Provider, provider_batches, rows_of, wrong_url_on_every_line
 from tests.remote.conftest import add_endpoint, cli, job, output_ids
 
 
@@ -108,10 +106,6 @@ async def _recorded_batch_id(pool: asyncpg.Pool, job_id: str) -> str:
     raise TimeoutError(f"job {job_id}: no provider batch recorded")
 
 
-def _rows(count: int) -> list[dict[str, Any]]:
-    return [{"id": f"r{i}", "text": f"Say something about {i}."} for i in range(count)]
-
-
 def _via_batch(
     provider: Provider,
     tmp_path: Path,
@@ -161,7 +155,7 @@ async def test_a_crash_between_create_and_record_finds_the_batch_it_created(
     # The CPU worker runs in this process: its submit steps use the fault injector.
     monkeypatch.setattr(provider_activities, "BatchClient", DiesAfterCreate)
     settings, api_server, key, _ = provider
-    rows = _rows(16)
+    rows = rows_of(16)
     spec = _via_batch(provider, tmp_path, rows, shard_size=8)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
@@ -184,7 +178,7 @@ async def test_an_expired_batch_is_submitted_again_then_its_rest_dead_letters_as
     settings, api_server, key, _ = provider
     # A 2-second window: the provider (2-row shards, one at a time) cannot finish 12
     # requests in it, so every submission expires with some requests left.
-    rows = _rows(12)
+    rows = rows_of(12)
     spec = _via_batch(
         provider,
         tmp_path,
@@ -222,7 +216,7 @@ async def test_cancelling_the_job_cancels_its_provider_batch(
     settings, api_server, key, _ = provider
     # 40 requests: the provider runs them 2 at a time, one shard after another, so the
     # batch is still running when the cancel comes.
-    spec = _via_batch(provider, tmp_path, _rows(40), shard_size=40)
+    spec = _via_batch(provider, tmp_path, rows_of(40), shard_size=40)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     batch_id = await _recorded_batch_id(api_pool, spec.job_id)
     done = cli(settings, "cancel", spec.job_id)
@@ -254,7 +248,7 @@ async def test_the_cpu_worker_killed_while_the_batch_runs_costs_no_second_batch(
     # processes (SIGKILL-able); the provider's own jobs stay on the session's workers.
     workers, api_server, key, _ = provider
     own = workers.model_copy(update={"cpu_task_queue": f"pb-{uuid.uuid4().hex[:8]}"})
-    rows = _rows(40)
+    rows = rows_of(40)
     spec = _via_batch(provider, tmp_path, rows, shard_size=40, settings=own)
     first = cpu_worker_process(own, tmp_path / "cpu-1.log")
     try:
@@ -281,7 +275,7 @@ async def test_the_provider_api_down_for_a_while_is_waited_out(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     settings, api_server, key, _ = provider
-    rows = _rows(20)
+    rows = rows_of(20)
     spec = _via_batch(provider, tmp_path, rows, shard_size=20)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     batch_id = await _recorded_batch_id(api_pool, spec.job_id)
@@ -300,17 +294,6 @@ async def test_the_provider_api_down_for_a_while_is_waited_out(
     assert [b["id"] for b in batches] == [batch_id]
 
 
-def wrong_url_on_every_line(custom_id: str, **kwargs: Any) -> tuple[str, bytes] | str:
-    """Test double (a fault injector): the real request line sent to another URL than
-    the batch's endpoint, a fault of the file (not of one line's body, which would be
-    that line's 400), so the provider refuses the whole batch in validation."""
-    made = request_line(custom_id, **kwargs)
-    assert not isinstance(made, str)
-    line = json.loads(made[1])
-    line["url"] = "/v1/completions"
-    return made[0], json.dumps(line).encode() + b"\n"
-
-
 async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_errors(
     provider: Provider,
     temporal_client: Client,
@@ -320,7 +303,7 @@ async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_erro
 ) -> None:
     monkeypatch.setattr(provider_activities, "request_line", wrong_url_on_every_line)
     settings, api_server, key, _ = provider
-    rows = _rows(6)
+    rows = rows_of(6)
     spec = _via_batch(provider, tmp_path, rows, shard_size=6)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
@@ -341,7 +324,7 @@ async def test_batch_max_in_flight_holds_across_shards_and_status_says_who_waits
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     settings, api_server, key, _ = provider
-    rows = _rows(12)
+    rows = rows_of(12)
     # Three shards, all started at once (max 4 concurrent), one provider batch at a time.
     spec = _via_batch(
         provider, tmp_path, rows, shard_size=4, options=("--batch-max-in-flight", "1")
@@ -350,28 +333,27 @@ async def test_batch_max_in_flight_holds_across_shards_and_status_says_who_waits
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     job_done = asyncio.ensure_future(job_result(handle))
     held_most, waited_line = 0, ""
-    while not job_done.done():
+    # The session's workers run in this event loop: nothing here may block it (the CLI
+    # runs in a thread), or their heartbeats stop.
+    for _ in range(6000):
+        if job_done.done():
+            break
         held = await api_pool.fetchval(
             "SELECT count(*) FROM provider_batch_slots WHERE endpoint = $1 AND slot IS NOT NULL",
             spec.remote_endpoint,
         )
         held_most = max(held_most, held)
-        if not waited_line:
-            waiting = await api_pool.fetchval(
-                "SELECT count(*) FROM provider_batch_slots WHERE job_id = $1 AND slot IS NULL",
-                spec.job_id,
+        if not waited_line and await api_pool.fetchval(
+            "SELECT count(*) FROM provider_batch_slots WHERE job_id = $1 AND slot IS NULL",
+            spec.job_id,
+        ):
+            shown = await asyncio.to_thread(cli, settings, "status", spec.job_id)
+            assert shown.returncode == 0, shown.stdout + shown.stderr
+            waited_line = next(
+                (line for line in shown.stdout.splitlines() if "waiting for a provider" in line),
+                "(none)",
             )
-            if waiting:
-                shown = cli(settings, "status", spec.job_id)
-                waited_line = next(
-                    (
-                        line
-                        for line in shown.stdout.splitlines()
-                        if "waiting for a provider" in line
-                    ),
-                    "",
-                )
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
     summary = await asyncio.wait_for(job_done, 1)
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (12, 12, 0)
