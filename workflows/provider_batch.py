@@ -57,8 +57,11 @@ class ProviderBatchWorkflow:
         submission = 0
         while True:
             slot = ProviderSubmit(shard=input, submission=submission)
+            # Histories from before --batch-max-in-flight was enforced replay without it.
+            with_slot = workflow.patched(PROVIDER_TAKE_SLOT)
             try:
-                await self._take_slot(slot)
+                if with_slot:
+                    await self._take_slot(slot)
                 ref: ProviderBatchRef = await workflow.execute_activity(
                     PROVIDER_SUBMIT,
                     slot,
@@ -79,11 +82,14 @@ class ProviderBatchWorkflow:
             finally:
                 # The batch ended, was cancelled or never started (a wait cancelled, a
                 # step failed for good): its slot goes to the next shard waiting.
-                await workflow.execute_activity(
-                    PROVIDER_RELEASE_SLOT,
-                    slot,
-                    **options.ledger_step(summary=f"shard {shard}: release provider batch slot"),
-                )
+                if with_slot:
+                    await workflow.execute_activity(
+                        PROVIDER_RELEASE_SLOT,
+                        slot,
+                        **options.ledger_step(
+                            summary=f"shard {shard}: release provider batch slot"
+                        ),
+                    )
             if state.status in (
                 BatchStatus.COMPLETED,
                 BatchStatus.EXPIRED,

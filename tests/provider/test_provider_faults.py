@@ -105,6 +105,7 @@ async def test_a_redrive_of_a_job_via_batch_sends_new_provider_batches_and_answe
     settings, api_server, key, model = provider
     # The first run's batch is refused by the provider (its lines are dead-lettered);
     # the fault is gone for the re-drive.
+    real_line = provider_activities.request_line
     monkeypatch.setattr(provider_activities, "request_line", wrong_url_on_every_line)
     endpoint = add_endpoint(settings, api_server.base_url, "--batch-api")
     rows = rows_of(6)
@@ -113,7 +114,8 @@ async def test_a_redrive_of_a_job_via_batch_sends_new_provider_batches_and_answe
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
     assert (summary.items_succeeded, summary.items_dead) == (0, 6)
-    monkeypatch.undo()
+    # (Not monkeypatch.undo(): that would also take the provider's key from the env.)
+    monkeypatch.setattr(provider_activities, "request_line", real_line)
 
     done = await asyncio.to_thread(cli, settings, "dlq", "redrive", spec.job_id, "--json")
     assert done.returncode == 0, done.stdout + done.stderr
