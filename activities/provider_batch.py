@@ -26,7 +26,9 @@ from llmbatch.contract.provider import (
     PROVIDER_CHECK,
     PROVIDER_COLLECT,
     PROVIDER_GIVE_UP,
+    PROVIDER_RELEASE_SLOT,
     PROVIDER_SUBMIT,
+    PROVIDER_TAKE_SLOT,
     ProviderBatchRef,
     ProviderBatchState,
     ProviderGiveUp,
@@ -37,7 +39,7 @@ from llmbatch.dedup.coordination import Group, group_requests, groups_to_run
 from llmbatch.engine.requests import GenerationRequest, failed
 from llmbatch.formats.records import StagedRequest, load_jsonl
 from llmbatch.generation.recorder import Recorder, RecordingContext
-from llmbatch.provider import book
+from llmbatch.provider import book, slots
 from llmbatch.provider.client import TOKEN_KEY, BatchClient, ProviderError
 from llmbatch.provider.lines import CHAT_URL, answer_result, request_line
 from llmbatch.provider.settings import batch_endpoint
@@ -78,6 +80,33 @@ class ProviderBatchActivities:
         except EndpointError as exc:
             raise ApplicationError(str(exc), type=FailureType.ENDPOINT_REFUSED) from None
 
+    @activity.defn(name=PROVIDER_TAKE_SLOT)
+    async def take_slot(self, input: ProviderSubmit) -> bool:
+        """Take one of the endpoint's ``--batch-max-in-flight`` slots for the
+        submission (or find the one it holds); False: none is free now."""
+        shard, spec = input.shard, input.shard.spec
+        try:
+            _, batch_api = await batch_endpoint(self._ctx.pool, spec.remote_endpoint or "")
+        except EndpointError as exc:
+            # Removed (or its Batch API) since the job started: this step, retried
+            # until Postgres answers, would otherwise wait for ever.
+            raise ApplicationError(
+                str(exc), type=FailureType.ENDPOINT_REFUSED, non_retryable=True
+            ) from None
+        return await slots.take(
+            self._ctx.pool,
+            token=_token(input),
+            endpoint=spec.remote_endpoint or "",
+            job_id=spec.job_id,
+            shard=shard.shard,
+            max_in_flight=batch_api.max_in_flight,
+        )
+
+    @activity.defn(name=PROVIDER_RELEASE_SLOT)
+    async def release_slot(self, input: ProviderSubmit) -> None:
+        """The submission's batch ended (or never started): its slot is free."""
+        await slots.release(self._ctx.pool, token=_token(input))
+
     @activity.defn(name=PROVIDER_SUBMIT)
     async def submit(self, input: ProviderSubmit) -> ProviderBatchRef:
         """The shard's provider batch number ``submission``: created once, whatever
@@ -85,8 +114,7 @@ class ProviderBatchActivities:
         after; a retry that finds a recorded file but no batch id looks for the batch
         on the provider by its metadata token before it creates one."""
         shard, spec = input.shard, input.shard.spec
-        # A re-driven shard's batches are its own: never the job's first run's.
-        token = book.token_of(spec.job_id, shard.shard, input.submission, redrive=shard.redrive)
+        token = _token(input)
         lease = book.lease_of(spec.job_id, shard.shard, input.submission, redrive=shard.redrive)
         pool = self._ctx.pool
         try:
@@ -304,6 +332,12 @@ class ProviderBatchActivities:
             lease_owner=ref.lease_owner,
             item_ids=list(await self._held(ref)),
         )
+
+
+def _token(input: ProviderSubmit) -> str:
+    shard = input.shard
+    # A re-driven shard's batches are its own: never the job's first run's.
+    return book.token_of(shard.spec.job_id, shard.shard, input.submission, redrive=shard.redrive)
 
 
 def _dead(

@@ -75,6 +75,8 @@ def build_cpu_worker(
             provider.collect,
             provider.give_up,
             provider.cancel,
+            provider.take_slot,
+            provider.release_slot,
         ],
     )
 

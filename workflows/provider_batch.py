@@ -25,7 +25,9 @@ with workflow.unsafe.imports_passed_through():
         PROVIDER_CHECK,
         PROVIDER_COLLECT,
         PROVIDER_GIVE_UP,
+        PROVIDER_RELEASE_SLOT,
         PROVIDER_SUBMIT,
+        PROVIDER_TAKE_SLOT,
         TERMINAL,
         ProviderBatchRef,
         ProviderBatchState,
@@ -41,6 +43,10 @@ from workflows import options
 # than MAX_CHECK_GAP (a 24-hour batch costs a few hundred checks).
 FIRST_CHECK = timedelta(seconds=1)
 MAX_CHECK_GAP = timedelta(minutes=10)
+# Tries for a free slot of the endpoint's --batch-max-in-flight: every tenth of the wait
+# so far, at most a minute apart (a day's wait costs ~1,500 tries, far below the
+# history's limit), so a freed slot is taken soon.
+MAX_SLOT_GAP = timedelta(minutes=1)
 
 
 @workflow.defn(name=PROVIDER_BATCH_WORKFLOW)
@@ -50,23 +56,40 @@ class ProviderBatchWorkflow:
         spec, shard = input.spec, input.shard
         submission = 0
         while True:
-            ref: ProviderBatchRef = await workflow.execute_activity(
-                PROVIDER_SUBMIT,
-                ProviderSubmit(shard=input, submission=submission),
-                result_type=ProviderBatchRef,
-                **options.cpu_step(spec, summary=f"shard {shard}: submit provider batch"),
-            )
-            if ref.batch_id is None:
-                return  # nothing to send: every item done, shared or cached
+            slot = ProviderSubmit(shard=input, submission=submission)
+            # Histories from before --batch-max-in-flight was enforced replay without it.
+            with_slot = workflow.patched(PROVIDER_TAKE_SLOT)
             try:
-                state = await self._wait(ref)
-            except asyncio.CancelledError:
-                await workflow.execute_activity(
-                    PROVIDER_CANCEL,
-                    ref,
-                    **options.ledger_step(summary=f"cancel provider batch {ref.batch_id}"),
+                if with_slot:
+                    await self._take_slot(slot)
+                ref: ProviderBatchRef = await workflow.execute_activity(
+                    PROVIDER_SUBMIT,
+                    slot,
+                    result_type=ProviderBatchRef,
+                    **options.cpu_step(spec, summary=f"shard {shard}: submit provider batch"),
                 )
-                raise
+                if ref.batch_id is None:
+                    return  # nothing to send: every item done, shared or cached
+                try:
+                    state = await self._wait(ref)
+                except asyncio.CancelledError:
+                    await workflow.execute_activity(
+                        PROVIDER_CANCEL,
+                        ref,
+                        **options.ledger_step(summary=f"cancel provider batch {ref.batch_id}"),
+                    )
+                    raise
+            finally:
+                # The batch ended, was cancelled or never started (a wait cancelled, a
+                # step failed for good): its slot goes to the next shard waiting.
+                if with_slot:
+                    await workflow.execute_activity(
+                        PROVIDER_RELEASE_SLOT,
+                        slot,
+                        **options.ledger_step(
+                            summary=f"shard {shard}: release provider batch slot"
+                        ),
+                    )
             if state.status in (
                 BatchStatus.COMPLETED,
                 BatchStatus.EXPIRED,
@@ -83,6 +106,26 @@ class ProviderBatchWorkflow:
                 continue
             await self._give_up(ref, state)
             return
+
+    async def _take_slot(self, slot: ProviderSubmit) -> None:
+        """Wait, on timers, until the submission holds one of the endpoint's slots."""
+        started = workflow.now()
+        endpoint = slot.shard.spec.remote_endpoint
+        while not await workflow.execute_activity(
+            PROVIDER_TAKE_SLOT,
+            slot,
+            result_type=bool,
+            **options.ledger_step(
+                summary=f"shard {slot.shard.shard}: take a provider batch slot",
+                spec=slot.shard.spec,
+            ),
+        ):
+            waited = workflow.now() - started
+            workflow.set_current_details(
+                f"waiting {int(waited.total_seconds())} s for a provider batch slot: endpoint "
+                f"{endpoint} has as many batches in flight as its --batch-max-in-flight"
+            )
+            await workflow.sleep(min(MAX_SLOT_GAP, max(FIRST_CHECK, waited / 10)))
 
     async def _wait(self, ref: ProviderBatchRef) -> ProviderBatchState:
         started = workflow.now()

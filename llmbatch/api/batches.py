@@ -38,7 +38,8 @@ from llmbatch.contract.states import BatchStatus, FailureType
 from llmbatch.formats import openai_batch
 from llmbatch.ledger import api_layout, api_records, served_models
 from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
-from llmbatch.remote import routes
+from llmbatch.provider.placement import place
+from llmbatch.remote.endpoints import EndpointError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -225,17 +226,6 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             param="input_file_id",
             code="missing_model",
         )
-    endpoint = await routes.endpoint_for(svc.pool, model=model, task=body.endpoint.task)
-    if endpoint is None and not await _gpu_model_declared(svc, model, body.endpoint.task):
-        raise ApiError(
-            400,
-            f"No worker serves model {model!r}, nor ever did: start a GPU worker for it "
-            f"(llm-batch worker gpu --model ... --task {body.endpoint.task}), route it to "
-            "a remote endpoint (llm-batch endpoint update NAME --serve-as ...) or name one "
-            "that GET /v1/models lists.",
-            param="model",
-            code="model_not_found",
-        )
     # An operator's quota for the project (its tenant) may allow fewer batches at once.
     quota = settings.quota(project)
     in_progress_cap = min(
@@ -253,9 +243,6 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
         shard_size=settings.api_shard_size,
         max_concurrent_shards=settings.api_max_concurrent_shards,
         task=body.endpoint.task,
-        # A model routed to an endpoint runs on its remote workers' queue; with those
-        # scaled to zero the batch waits there, as it would for a GPU worker.
-        remote_endpoint=endpoint,
         # Projects share the workers fairly: each is its batches' tenant.
         tenant=project,
         api_batch=ApiBatch(
@@ -264,6 +251,25 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             completion_window_s=int(window.total_seconds()),
         ),
     )
+    # A model routed to an endpoint runs on its remote workers' queue (with those scaled
+    # to zero the batch waits there, as it would for a GPU worker), or through the
+    # endpoint's Batch API when the route says --serve-via batch.
+    try:
+        spec = await place(svc.pool, spec)
+    except EndpointError as exc:
+        raise ApiError(400, str(exc), param="model", code="model_not_available") from None
+    if spec.remote_endpoint is None and not await _gpu_model_declared(
+        svc, model, body.endpoint.task
+    ):
+        raise ApiError(
+            400,
+            f"No worker serves model {model!r}, nor ever did: start a GPU worker for it "
+            f"(llm-batch worker gpu --model ... --task {body.endpoint.task}), route it to "
+            "a remote endpoint (llm-batch endpoint update NAME --serve-as ...) or name one "
+            "that GET /v1/models lists.",
+            param="model",
+            code="model_not_found",
+        )
     record = ApiBatchRecordInput(
         batch_id=batch_id,
         project=project,

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from llmbatch.cli.common import CliError, emit_json, out, run, with_pool
 from llmbatch.config import Settings
+from llmbatch.contract.spec import EndpointVia
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -39,6 +40,14 @@ _ServeEmbeddingsAs = Annotated[
     list[str] | None,
     typer.Option(help="As --serve-as, for embeddings (/v1/embeddings, --task embed)."),
 ]
+_ServeVia = Annotated[
+    EndpointVia | None,
+    typer.Option(
+        help="How the models routed here (--serve-as) run: 'online' (the default) on the "
+        "endpoint's remote workers, or 'batch' through its Batch API (needs --batch-api) "
+        "at its batch prices. For every route of the endpoint's chat and completions."
+    ),
+]
 _BatchApi = Annotated[
     bool,
     typer.Option(
@@ -53,7 +62,11 @@ _BatchRequests = Annotated[
 ]
 _BatchBytes = Annotated[int | None, typer.Option(help="Batch API: bytes a requests file may hold.")]
 _BatchFlight = Annotated[
-    int | None, typer.Option(help="Batch API: batches in flight at once (100; not enforced yet).")
+    int | None,
+    typer.Option(
+        help="Batch API: batches in flight at once, across all jobs and workers (100); "
+        "a shard waits for a free slot before it creates its batch."
+    ),
 ]
 _BatchWindow = Annotated[
     str | None, typer.Option(help="Batch API: the completion window asked for ('24h').")
@@ -113,6 +126,7 @@ def add(
     timeout: _Timeout = None,
     serve_as: _ServeAs = None,
     serve_embeddings_as: _ServeEmbeddingsAs = None,
+    serve_via: _ServeVia = None,
     batch_api: _BatchApi = False,
     batch_input_price: _BatchIn = None,
     batch_output_price: _BatchOut = None,
@@ -151,6 +165,7 @@ def add(
                 endpoint = await add_endpoint(conn, config)
                 await _set_routes(conn, name, serve_as, serve_embeddings_as)
                 await _set_batch_api(conn, name, batch)
+                await _set_serve_via(conn, name, serve_via)
                 return endpoint, await _served(conn, name)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
@@ -175,6 +190,7 @@ def update(
     timeout: _Timeout = None,
     serve_as: _ServeAs = None,
     serve_embeddings_as: _ServeEmbeddingsAs = None,
+    serve_via: _ServeVia = None,
     batch_api: _BatchApi = False,
     batch_input_price: _BatchIn = None,
     batch_output_price: _BatchOut = None,
@@ -207,6 +223,7 @@ def update(
                 endpoint = await update_endpoint(conn, name, changes)
                 await _set_routes(conn, name, serve_as, serve_embeddings_as)
                 await _set_batch_api(conn, name, batch)
+                await _set_serve_via(conn, name, serve_via)
                 return endpoint, await _served(conn, name)
         except EndpointError as exc:
             raise CliError(str(exc)) from None
@@ -297,13 +314,33 @@ async def _set_routes(
             await set_routes(db, endpoint=name, task=task, models=models)
 
 
+async def _set_serve_via(db: Any, name: str, via: EndpointVia | None) -> None:
+    """``--serve-via``: after the routes and the Batch API given, so that one command
+    may declare all three; a route via batch needs the endpoint's Batch API."""
+    from llmbatch.provider.settings import batch_endpoint
+    from llmbatch.remote.endpoints import EndpointError
+    from llmbatch.remote.routes import set_via
+
+    if via is None:
+        return
+    if via is EndpointVia.BATCH:
+        await batch_endpoint(db, name)
+    if not await set_via(db, endpoint=name, via=via):
+        raise EndpointError(
+            f"no model is routed to endpoint {name} for chat or completions: "
+            "give --serve-as MODEL with --serve-via"
+        )
+
+
 async def _served(db: Any, name: str) -> dict[str, list[str]]:
-    """The models routed to the endpoint, by task."""
+    """The models routed to the endpoint, by task (``generate via batch``: the
+    generate routes that run through its Batch API)."""
     from llmbatch.remote.routes import routes
 
     served: dict[str, list[str]] = {}
     for route in await routes(db, endpoint=name):
-        served.setdefault(str(route.task), []).append(route.model)
+        via = " via batch" if route.via is EndpointVia.BATCH else ""
+        served.setdefault(f"{route.task}{via}", []).append(route.model)
     return served
 
 

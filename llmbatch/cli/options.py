@@ -376,14 +376,11 @@ async def check_inputs(spec: JobSpec, settings: Settings) -> None:
 
 
 async def place_job(spec: JobSpec, settings: Settings) -> JobSpec:
-    """The spec with its engine settled, for ``submit`` and ``schedule create`` alike:
-    an endpoint it names must be declared (a job on an undeclared one would wait for
-    ever), and a job naming none takes its model's route, if an operator routed the
-    model to an endpoint (``llm-batch endpoint add|update NAME --serve-as MODEL``)."""
+    """The spec with its engine settled, for ``submit`` and ``schedule create`` alike
+    (:func:`llmbatch.provider.placement.place`, which the OpenAI Batch API uses too)."""
     from llmbatch import ledger
-    from llmbatch.provider.settings import batch_endpoint
-    from llmbatch.remote.endpoints import EndpointError, get_endpoint
-    from llmbatch.remote.routes import endpoint_for
+    from llmbatch.provider.placement import place
+    from llmbatch.remote.endpoints import EndpointError
 
     try:
         pool = await ledger.db.create_pool(
@@ -392,17 +389,8 @@ async def place_job(spec: JobSpec, settings: Settings) -> JobSpec:
     except (OSError, TimeoutError) as exc:
         raise CliError(f"cannot reach Postgres (it holds the endpoints): {exc}") from None
     try:
-        if spec.remote_endpoint is not None:
-            # Via batch, the endpoint must also declare its Batch API.
-            await (batch_endpoint if spec.via is EndpointVia.BATCH else get_endpoint)(
-                pool, spec.remote_endpoint
-            )
-            return spec
-        routed = await endpoint_for(pool, model=spec.model, task=spec.task)
+        return await place(pool, spec)
     except EndpointError as exc:
         raise CliError(str(exc)) from None
     finally:
         await pool.close()
-    if routed is None:
-        return spec
-    return spec.model_copy(update={"remote_endpoint": routed})

@@ -16,6 +16,11 @@ PROVIDER_CHECK = "provider_batch_check"
 PROVIDER_COLLECT = "provider_batch_collect"
 PROVIDER_GIVE_UP = "provider_batch_give_up"
 PROVIDER_CANCEL = "provider_batch_cancel"
+# A slot of the endpoint's --batch-max-in-flight, taken before the batch is created and
+# released when it ends; PROVIDER_TAKE_SLOT is also the patch id of the workflow code
+# that calls them.
+PROVIDER_TAKE_SLOT = "provider_batch_take_slot"
+PROVIDER_RELEASE_SLOT = "provider_batch_release_slot"
 
 # An expired provider batch is submitted again for what it did not finish this many
 # times; then the rest is dead-lettered as expired.

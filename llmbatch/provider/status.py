@@ -6,16 +6,21 @@ from __future__ import annotations
 from typing import Any
 
 from llmbatch.ledger.db import Database, create_pool
-from llmbatch.provider import book
+from llmbatch.provider import book, slots
 from llmbatch.provider.settings import get_batch_api
 from llmbatch.remote.endpoints import EndpointError, get_endpoint
 
 
 async def job_report(pool: Database, job_id: str) -> dict[str, Any]:
-    """The job's provider batches and their cost; empty when it has none."""
+    """The job's provider batches and their cost, and its shards waiting for a slot
+    of the endpoint's ``--batch-max-in-flight``; empty when it has none."""
     batches = await book.job_batches(pool, job_id)
+    waiting = [
+        {"shard": w.shard, "endpoint": w.endpoint, "in_flight": w.in_flight}
+        for w in await slots.job_waiting(pool, job_id)
+    ]
     if not batches:
-        return {}
+        return {"provider_batches": [], "waiting_for_slot": waiting} if waiting else {}
     prompt = sum(b.prompt_tokens for b in batches)
     completion = sum(b.completion_tokens for b in batches)
     cost: dict[str, float | None] = {"batch_usd": None, "online_usd": None}
@@ -42,6 +47,7 @@ async def job_report(pool: Database, job_id: str) -> dict[str, Any]:
             }
             for b in batches
         ],
+        "waiting_for_slot": waiting,
         "provider_tokens": {"prompt": prompt, "completion": completion},
         "provider_cost": cost,
     }
@@ -57,6 +63,13 @@ def report_lines(report: dict[str, Any]) -> list[str]:
         f"of {b['requests']}" + (", recorded" if b["collected"] else "")
         for b in report["provider_batches"]
     ]
+    lines += [
+        f"shard {w['shard']}: waiting for a provider batch slot (endpoint {w['endpoint']} "
+        f"has {w['in_flight']} batches in flight, its --batch-max-in-flight)"
+        for w in report["waiting_for_slot"]
+    ]
+    if "provider_cost" not in report:
+        return lines
     cost, tokens = report["provider_cost"], report["provider_tokens"]
     if cost["batch_usd"] is not None:
         online = f" (online: ${cost['online_usd']:.4f})" if cost["online_usd"] is not None else ""

@@ -6,16 +6,14 @@ the session's CPU worker."""
 from __future__ import annotations
 
 import asyncio
-import json
+import itertools
 import signal
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
-import aiohttp
 import asyncpg
 import pytest
-import pytest_asyncio
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
@@ -25,57 +23,14 @@ from llmbatch.config import Settings
 from llmbatch.contract.spec import EndpointVia, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.provider.client import TOKEN_KEY, BatchClient
-from llmbatch.provider.lines import request_line
-from tests.fixtures.api_server import ApiServer, Keys
 from tests.fixtures.worker_processes import (
     cpu_worker_process,
     job_result,
     signal_group,
     stop_worker,
 )
-from tests.remote.conftest import KEY_ENV, add_endpoint, cli, job, output_ids
-
-
-class Provider(NamedTuple):
-    """The job side's settings, and the provider: ``llm-batch serve``, a key of a
-    project of its own, and the model it serves."""
-
-    settings: Settings
-    server: ApiServer
-    key: str
-    model: str
-
-
-@pytest_asyncio.fixture
-async def provider(
-    workers: Settings,
-    api_server: ApiServer,
-    api_keys: Keys,
-    served_model: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Provider:
-    key = await api_keys.new(f"provider-{uuid.uuid4().hex[:6]}")
-    # The CPU workers (this process, and the worker processes it starts) read the key
-    # from their environment, as a deployment's do.
-    monkeypatch.setenv(KEY_ENV, key)
-    return Provider(workers, api_server, key, served_model)
-
-
-async def _provider_batches(server: ApiServer, key: str, job_id: str) -> list[dict[str, Any]]:
-    """Every batch the provider holds for ``job_id`` (its metadata names the job), as
-    its own /v1/batches list has them."""
-    found: list[dict[str, Any]] = []
-    after: str | None = None
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
-        while True:
-            params = {"limit": "100", **({"after": after} if after else {})}
-            async with http.get(f"{server.base_url}/batches", params=params) as response:
-                assert response.status == 200, await response.text()
-                page = await response.json()
-            found += [b for b in page["data"] if (b.get("metadata") or {}).get("job") == job_id]
-            if not page["has_more"]:
-                return found
-            after = page["data"][-1]["id"]
+from tests.provider.conftest import Provider, provider_batches, rows_of, wrong_url_on_every_line
+from tests.remote.conftest import add_endpoint, cli, job, output_ids
 
 
 async def test_job_via_batch_runs_once_with_one_provider_batch_per_shard(
@@ -105,7 +60,7 @@ async def test_job_via_batch_runs_once_with_one_provider_batch_per_shard(
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (24, 24, 0)
     assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
-    batches = await _provider_batches(api_server, key, spec.job_id)
+    batches = await provider_batches(api_server, key, spec.job_id)
     assert sorted(b["metadata"]["shard"] for b in batches) == ["0", "1"]
     assert all(b["status"] == "completed" for b in batches)
     sent = {b["metadata"]["shard"]: b["request_counts"]["total"] for b in batches}
@@ -149,10 +104,6 @@ async def _recorded_batch_id(pool: asyncpg.Pool, job_id: str) -> str:
             return str(batch_id)
         await asyncio.sleep(0.2)
     raise TimeoutError(f"job {job_id}: no provider batch recorded")
-
-
-def _rows(count: int) -> list[dict[str, Any]]:
-    return [{"id": f"r{i}", "text": f"Say something about {i}."} for i in range(count)]
 
 
 def _via_batch(
@@ -204,14 +155,14 @@ async def test_a_crash_between_create_and_record_finds_the_batch_it_created(
     # The CPU worker runs in this process: its submit steps use the fault injector.
     monkeypatch.setattr(provider_activities, "BatchClient", DiesAfterCreate)
     settings, api_server, key, _ = provider
-    rows = _rows(16)
+    rows = rows_of(16)
     spec = _via_batch(provider, tmp_path, rows, shard_size=8)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (16, 16, 0)
     assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
-    batches = await _provider_batches(api_server, key, spec.job_id)
+    batches = await provider_batches(api_server, key, spec.job_id)
     # Each shard's submit died once right after its create: still one batch a shard.
     assert sorted(b["metadata"]["shard"] for b in batches) == ["0", "1"]
     assert {b["metadata"][TOKEN_KEY] for b in batches} <= DiesAfterCreate.died
@@ -227,7 +178,7 @@ async def test_an_expired_batch_is_submitted_again_then_its_rest_dead_letters_as
     settings, api_server, key, _ = provider
     # A 2-second window: the provider (2-row shards, one at a time) cannot finish 12
     # requests in it, so every submission expires with some requests left.
-    rows = _rows(12)
+    rows = rows_of(12)
     spec = _via_batch(
         provider,
         tmp_path,
@@ -245,7 +196,7 @@ async def test_an_expired_batch_is_submitted_again_then_its_rest_dead_letters_as
         "SELECT error_class FROM items WHERE job_id = $1 AND status = 'dead'", spec.job_id
     )
     assert {d["error_class"] for d in dead} <= {"BatchExpired"}
-    batches = await _provider_batches(api_server, key, spec.job_id)
+    batches = await provider_batches(api_server, key, spec.job_id)
     recorded = await api_pool.fetch(
         "SELECT batch_id, status, submission FROM provider_batches WHERE job_id = $1 "
         "AND batch_id IS NOT NULL ORDER BY submission",
@@ -265,7 +216,7 @@ async def test_cancelling_the_job_cancels_its_provider_batch(
     settings, api_server, key, _ = provider
     # 40 requests: the provider runs them 2 at a time, one shard after another, so the
     # batch is still running when the cancel comes.
-    spec = _via_batch(provider, tmp_path, _rows(40), shard_size=40)
+    spec = _via_batch(provider, tmp_path, rows_of(40), shard_size=40)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     batch_id = await _recorded_batch_id(api_pool, spec.job_id)
     done = cli(settings, "cancel", spec.job_id)
@@ -280,7 +231,7 @@ async def test_cancelling_the_job_cancels_its_provider_batch(
         await asyncio.sleep(0.2)
     assert (await child.describe()).status == WorkflowExecutionStatus.CANCELED
 
-    batches = await _provider_batches(api_server, key, spec.job_id)
+    batches = await provider_batches(api_server, key, spec.job_id)
     assert [b["id"] for b in batches] == [batch_id]
     assert batches[0]["status"] in ("cancelling", "cancelled")
     # Nothing is left claimed: what the provider did not answer is pending again.
@@ -297,7 +248,7 @@ async def test_the_cpu_worker_killed_while_the_batch_runs_costs_no_second_batch(
     # processes (SIGKILL-able); the provider's own jobs stay on the session's workers.
     workers, api_server, key, _ = provider
     own = workers.model_copy(update={"cpu_task_queue": f"pb-{uuid.uuid4().hex[:8]}"})
-    rows = _rows(40)
+    rows = rows_of(40)
     spec = _via_batch(provider, tmp_path, rows, shard_size=40, settings=own)
     first = cpu_worker_process(own, tmp_path / "cpu-1.log")
     try:
@@ -316,7 +267,7 @@ async def test_the_cpu_worker_killed_while_the_batch_runs_costs_no_second_batch(
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (40, 40, 0)
     assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
-    batches = await _provider_batches(api_server, key, spec.job_id)
+    batches = await provider_batches(api_server, key, spec.job_id)
     assert [b["id"] for b in batches] == [batch_id]
 
 
@@ -324,7 +275,7 @@ async def test_the_provider_api_down_for_a_while_is_waited_out(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     settings, api_server, key, _ = provider
-    rows = _rows(20)
+    rows = rows_of(20)
     spec = _via_batch(provider, tmp_path, rows, shard_size=20)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     batch_id = await _recorded_batch_id(api_pool, spec.job_id)
@@ -339,19 +290,8 @@ async def test_the_provider_api_down_for_a_while_is_waited_out(
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (20, 20, 0)
     assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
-    batches = await _provider_batches(api_server, key, spec.job_id)
+    batches = await provider_batches(api_server, key, spec.job_id)
     assert [b["id"] for b in batches] == [batch_id]
-
-
-def wrong_url_on_every_line(custom_id: str, **kwargs: Any) -> tuple[str, bytes] | str:
-    """Test double (a fault injector): the real request line sent to another URL than
-    the batch's endpoint, a fault of the file (not of one line's body, which would be
-    that line's 400), so the provider refuses the whole batch in validation."""
-    made = request_line(custom_id, **kwargs)
-    assert not isinstance(made, str)
-    line = json.loads(made[1])
-    line["url"] = "/v1/completions"
-    return made[0], json.dumps(line).encode() + b"\n"
 
 
 async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_errors(
@@ -363,14 +303,14 @@ async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_erro
 ) -> None:
     monkeypatch.setattr(provider_activities, "request_line", wrong_url_on_every_line)
     settings, api_server, key, _ = provider
-    rows = _rows(6)
+    rows = rows_of(6)
     spec = _via_batch(provider, tmp_path, rows, shard_size=6)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     summary = await asyncio.wait_for(job_result(handle), 300)
 
     assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (6, 0, 6)
     assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
-    batches = await _provider_batches(api_server, key, spec.job_id)
+    batches = await provider_batches(api_server, key, spec.job_id)
     assert len(batches) == 1 and batches[0]["status"] == "failed"
     dead = await api_pool.fetch(
         "SELECT error_class, error_message FROM items WHERE job_id = $1", spec.job_id
@@ -378,3 +318,58 @@ async def test_a_batch_the_provider_refuses_dead_letters_its_items_with_its_erro
     assert {d["error_class"] for d in dead} == {"InvalidRequest"}
     assert all("failed validation" in d["error_message"] for d in dead)
     assert all("does not match the batch endpoint" in d["error_message"] for d in dead), dead[0]
+
+
+async def test_batch_max_in_flight_holds_across_shards_and_status_says_who_waits(
+    provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    settings, api_server, key, _ = provider
+    rows = rows_of(12)
+    # Three shards, all started at once (max 4 concurrent), one provider batch at a time.
+    spec = _via_batch(
+        provider, tmp_path, rows, shard_size=4, options=("--batch-max-in-flight", "1")
+    )
+    assert spec.max_concurrent_shards >= 3
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    job_done = asyncio.ensure_future(job_result(handle))
+    held_most, waited_line = 0, ""
+    # The session's workers run in this event loop: nothing here may block it (the CLI
+    # runs in a thread), or their heartbeats stop.
+    for _ in range(6000):
+        if job_done.done():
+            break
+        held = await api_pool.fetchval(
+            "SELECT count(*) FROM provider_batch_slots WHERE endpoint = $1 AND slot IS NOT NULL",
+            spec.remote_endpoint,
+        )
+        held_most = max(held_most, held)
+        if not waited_line and await api_pool.fetchval(
+            "SELECT count(*) FROM provider_batch_slots WHERE job_id = $1 AND slot IS NULL",
+            spec.job_id,
+        ):
+            shown = await asyncio.to_thread(cli, settings, "status", spec.job_id)
+            assert shown.returncode == 0, shown.stdout + shown.stderr
+            waited_line = next(
+                (line for line in shown.stdout.splitlines() if "waiting for a provider" in line),
+                "(none)",
+            )
+        await asyncio.sleep(0.2)
+    summary = await asyncio.wait_for(job_done, 1)
+
+    assert (summary.items_total, summary.items_succeeded, summary.items_dead) == (12, 12, 0)
+    assert sorted(output_ids(tmp_path, spec.job_id)) == sorted(r["id"] for r in rows)
+    assert held_most == 1
+    assert "batches in flight, its --batch-max-in-flight" in waited_line, waited_line
+    # On the provider's own clock: each batch was created after the one before completed.
+    batches = sorted(
+        await provider_batches(api_server, key, spec.job_id), key=lambda b: b["created_at"]
+    )
+    assert sorted(b["metadata"]["shard"] for b in batches) == ["0", "1", "2"]
+    assert all(b["status"] == "completed" for b in batches)
+    for before, after in itertools.pairwise(batches):
+        assert after["created_at"] >= before["completed_at"], (before, after)
+    # Every slot was given back.
+    left = await api_pool.fetchval(
+        "SELECT count(*) FROM provider_batch_slots WHERE job_id = $1", spec.job_id
+    )
+    assert left == 0
