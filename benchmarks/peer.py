@@ -1,15 +1,27 @@
-"""The benchmarks' peer, ``vllm run-batch`` (vLLM's own batch runner), and the peak
-RSS of a process tree: shared by every benchmark that measures llm-batch against it.
+"""The benchmarks' peers, ``vllm run-batch`` (vLLM's own batch runner) and vLLM's
+in-process ``AsyncLLM`` loop, and the peak RSS of a process tree: shared by every
+benchmark that measures llm-batch against them.
 
 run-batch runs on the same file, model and engine options as llm-batch, and in the
 same engine-process environment: an embedding worker adds ``cpu_engine_env()``
 (oneDNN's process-wide primitive cache off, tcmalloc preloaded when the system has
 it) for its engine's processes, and the embeddings benchmark gives run-batch the same
 variables (``env``), so neither side has a memory or allocator setting the other lacks.
+
+The in-process loop (``python benchmarks/peer.py loop ...``, run by
+:func:`asyncllm_loop`) is what a program that embeds vLLM itself would run: one
+``AsyncLLM`` built from the same engine arguments as llm-batch's GPU worker (through
+the worker's own :class:`~llmbatch.engine.options.EngineOptions`), each chat request
+rendered by vLLM's own chat path (the engine's renderer, as ``LLM.chat`` renders), and
+``generate()`` async generators kept ``2 * max_num_seqs`` in flight (llm-batch's
+default per activity), the results written as JSON lines. Its load is split off as
+run-batch's is: the time counts from when it starts reading the batch file.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -19,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -102,14 +115,62 @@ class PeakRss:
 
 @dataclass(frozen=True)
 class PeerRun:
-    """One run-batch run: seconds on the batch (from when it starts reading the file,
-    which it does only once its engine is up), seconds loading before that, lines
-    without an error, and the peak RSS of its process tree."""
+    """One peer run: seconds on the batch (from when it starts reading the file, which
+    it does only once its engine is up, to when it writes its output), seconds loading
+    before that, seconds from the start of reading to the process's exit (the batch
+    and the engine's shutdown), lines without an error, and the peak RSS of its
+    process tree."""
 
     batch_s: float
     load_s: float
+    exit_s: float
     ok: int
     peak_rss: int
+
+
+# What a peer logs when its engine is up and it starts reading the batch file, and
+# when its results are in and it writes them: the batch's time is between the two,
+# for every peer alike (the engine's load before, its shutdown after, are not the
+# batch's, as llm-batch's workers' load and shutdown are not its job's).
+_READING = "Reading batch from"
+_WRITING = "Writing outputs to local file"
+
+
+def _run_peer(
+    name: str, argv: Sequence[str], dst: Path, *, env: Mapping[str, str] | None
+) -> PeerRun:
+    """Run a peer's command, time it by its ``_READING`` and ``_WRITING`` lines and its
+    exit, count the lines of ``dst`` without an error, and print one line about it."""
+    started = time.monotonic()
+    loaded = written = None
+    proc = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    with PeakRss([proc.pid]) as rss:
+        for line in proc.stdout:  # vLLM logs to stdout
+            if loaded is None and _READING in line:
+                loaded = time.monotonic()
+            elif written is None and _WRITING in line:
+                written = time.monotonic()
+        code = proc.wait()
+    if code != 0 or loaded is None or written is None:
+        raise RuntimeError(f"{name} failed with exit code {code}")
+    finished = time.monotonic()
+    with dst.open() as f:
+        ok = sum(1 for line in f if json.loads(line).get("error") is None)
+    run = PeerRun(
+        batch_s=written - loaded,
+        load_s=loaded - started,
+        exit_s=finished - loaded,
+        ok=ok,
+        peak_rss=rss.peak,
+    )
+    print(f"  {name}: {run.batch_s:.1f} s batch ({run.exit_s:.1f} s to exit) + "
+          f"{run.load_s:.1f} s load, {ok} ok, peak RSS {rss.peak / 2**30:.2f} GiB",
+          flush=True)  # fmt: skip
+    return run
 
 
 def run_batch(
@@ -122,26 +183,79 @@ def run_batch(
 ) -> PeerRun:
     """Run ``vllm run-batch`` on ``src`` into ``dst``, with ``env`` added to its
     environment, and print one line about it."""
-    started = time.monotonic()
-    loaded = None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(dst),
-         "--model", model, *engine_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
-    assert proc.stdout is not None
-    with PeakRss([proc.pid]) as rss:
-        for line in proc.stdout:  # vLLM logs to stdout
-            if loaded is None and "Reading batch from" in line:
-                loaded = time.monotonic()
-        code = proc.wait()
-    if code != 0 or loaded is None:
-        raise RuntimeError(f"run-batch failed with exit code {code}")
-    finished = time.monotonic()
-    with dst.open() as f:
-        ok = sum(1 for line in f if json.loads(line).get("error") is None)
-    run = PeerRun(batch_s=finished - loaded, load_s=loaded - started, ok=ok, peak_rss=rss.peak)
-    print(f"  run-batch: {run.batch_s:.1f} s batch + {run.load_s:.1f} s load, {ok} ok, "
-          f"peak RSS {rss.peak / 2**30:.2f} GiB", flush=True)  # fmt: skip
-    return run
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src),
+            "-o", str(dst), "--model", model, *engine_args]  # fmt: skip
+    return _run_peer("run-batch", argv, dst, env=env)
+
+
+def asyncllm_loop(
+    model: str,
+    src: Path,
+    dst: Path,
+    engine_args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+) -> PeerRun:
+    """Run vLLM's in-process ``AsyncLLM`` loop (this file's ``loop`` command) on
+    ``src`` into ``dst`` in a process of its own, and print one line about it."""
+    argv = [sys.executable, __file__, "loop", "-i", str(src), "-o", str(dst),
+            "--model", model, *engine_args]  # fmt: skip
+    return _run_peer("AsyncLLM loop", argv, dst, env=env)
+
+
+async def _loop(model: str, src: Path, dst: Path, engine_argv: Sequence[str]) -> None:
+    """The in-process loop: see the module docstring."""
+    from vllm import SamplingParams
+    from vllm.renderers import ChatParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from llmbatch.engine.options import EngineOptions
+
+    args = EngineOptions.from_cli_args(model, engine_argv).to_engine_args()
+    llm = AsyncLLM.from_engine_args(args)
+    try:
+        renderer = llm.renderer
+        # As LLM.chat renders: the model's template with a generation prompt, and no
+        # special tokens added by the tokenizer (the template writes them).
+        chat = ChatParams(
+            chat_template_kwargs={"add_generation_prompt": True, "continue_final_message": False}
+        )
+        tokens = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
+        slots = asyncio.Semaphore(2 * llm.vllm_config.scheduler_config.max_num_seqs)
+        print(f"{_READING} {src}", flush=True)
+        text = await asyncio.to_thread(src.read_text)
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+
+        async def one(line: dict[str, Any]) -> str:
+            body = line["body"]
+            params = SamplingParams(
+                temperature=body.get("temperature", 1.0), max_tokens=body.get("max_tokens")
+            )
+            async with slots:
+                _, (prompt,) = await renderer.render_chat_async([body["messages"]], chat, tokens)
+                final = None
+                async for out in llm.generate(prompt, params, request_id=line["custom_id"]):
+                    final = out
+            assert final is not None
+            text = final.outputs[0].text
+            return json.dumps({"custom_id": line["custom_id"], "text": text, "error": None})
+
+        results = await asyncio.gather(*(one(line) for line in lines))
+        print(f"{_WRITING} {dst}", flush=True)
+        await asyncio.to_thread(dst.write_text, "\n".join(results) + "\n")
+    finally:
+        llm.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="vLLM's in-process AsyncLLM loop on a batch file")
+    parser.add_argument("command", choices=["loop"])
+    parser.add_argument("-i", dest="src", type=Path, required=True)
+    parser.add_argument("-o", dest="dst", type=Path, required=True)
+    parser.add_argument("--model", required=True)
+    args, engine_argv = parser.parse_known_args()
+    asyncio.run(_loop(args.model, args.src, args.dst, engine_argv))
+
+
+if __name__ == "__main__":  # vLLM starts its engine core in a spawned process
+    main()

@@ -1,10 +1,17 @@
-"""llm-batch against ``vllm run-batch`` on the same OpenAI batch file, model and machine.
+"""llm-batch against ``vllm run-batch`` and vLLM's in-process ``AsyncLLM`` loop on the
+same OpenAI batch file, model and machine.
 
-Runs the peer (``python -m vllm.entrypoints.openai.run_batch``) and llm-batch on the
-embedded stack with the same engine options, alternating, ``--repeats`` times each,
-and prints items/s for both (engine load excluded and included) and the ratio of
-medians. Engine load is split off the same way for both: for run-batch, until it logs
-that it reads the batch file; for llm-batch, until the started workers poll their queues.
+Runs the two peers (``python -m vllm.entrypoints.openai.run_batch``, and the loop of
+benchmarks/peer.py: one ``AsyncLLM``, vLLM's own chat rendering, ``generate()``
+generators) and llm-batch on the embedded stack with the same engine options, one after
+the other in each round (the first of them changing from round to round), ``--repeats``
+rounds, and prints items/s of each (engine load excluded and included) and the ratios
+of medians against both peers. Engine load is split off the same way for all: for the
+peers, until they log that they read the batch file (their batch ends when they write
+their output, before their engine's shutdown; the time to exit is printed too); for
+llm-batch, until the started workers poll their queues. Each figure's line says the
+machine's load. ``--timeline`` prints each llm-batch job's timeline from its Temporal
+histories (benchmarks/timeline.py): where the job's time goes that is not engine work.
 
 With ``--api``, each round also sends the same file through the OpenAI Batch API
 (``llm-batch serve`` on the same workers, with the official client: upload, create,
@@ -12,6 +19,7 @@ poll, download the output file), timed from the upload's start to the output's l
 byte, and prints its items/s against the job submitted directly and against run-batch.
 
     .venv/bin/python benchmarks/throughput_vs_run_batch.py --requests 5000 --repeats 3 --api
+    .venv/bin/python benchmarks/throughput_vs_run_batch.py --requests 5000 --timeline
 """
 
 from __future__ import annotations
@@ -25,16 +33,19 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import chat_lines, run_batch
+from peer import PeerRun, asyncllm_loop, chat_lines, run_batch
+from timeline import job_timeline
 
 from llmbatch import storage
 from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import JobSpec
-from llmbatch.devstack import DevStack
+from llmbatch.devstack import DevStack, isolated_settings
 from llmbatch.devstack.demo import wait_for_pollers, worker_processes
 from llmbatch.devstack.tiny_model import build_tiny_model
 
@@ -107,8 +118,20 @@ async def through_api(settings: Settings, src: Path, n: int, log_dir: Path) -> f
     return elapsed
 
 
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): other work skews every figure."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 async def llm_batch(
-    settings: Settings, model: str, data_uri: str, n: int, log_dir: Path, *, api: Path | None
+    settings: Settings,
+    model: str,
+    data_uri: str,
+    n: int,
+    log_dir: Path,
+    *,
+    api: Path | None,
+    timeline: bool,
 ) -> tuple[float, float, float | None]:
     client = await connect(settings)
     gpu_args = list(ENGINE_ARGS)
@@ -120,7 +143,7 @@ async def llm_batch(
             procs=procs,
             within_s=600,
         )
-        load = time.monotonic() - started
+        load_s = time.monotonic() - started
         spec = JobSpec(
             job_id=f"bench-{uuid.uuid4().hex[:8]}",
             inputs=[data_uri],
@@ -129,18 +152,31 @@ async def llm_batch(
             shard_size=1000,
             max_concurrent_shards=4,
         )
+        submitted = datetime.now(UTC)
         job_started = time.monotonic()
         handle, _ = await start_job(client, spec, settings=settings)
         summary = await handle.result()
         elapsed = time.monotonic() - job_started
+        seen_end = datetime.now(UTC)
         assert summary.items_succeeded == n, summary
         print(
-            f"  llm-batch: {elapsed:.1f} s job + {load:.1f} s worker start, "
-            f"{summary.items_succeeded} ok",
+            f"  llm-batch: {elapsed:.1f} s job + {load_s:.1f} s worker start, "
+            f"{summary.items_succeeded} ok (load {load()})",
             flush=True,
         )
+        if timeline:
+            print(
+                await job_timeline(
+                    client,
+                    spec.job_id,
+                    shards=summary.shards_total,
+                    submitted=submitted,
+                    seen_end=seen_end,
+                ),
+                flush=True,
+            )
         api_s = await through_api(settings, api, n, log_dir) if api is not None else None
-    return elapsed, load, api_s
+    return elapsed, load_s, api_s
 
 
 def main() -> None:
@@ -152,53 +188,89 @@ def main() -> None:
     parser.add_argument(
         "--api", action="store_true", help="Also send the file through the OpenAI Batch API."
     )
+    parser.add_argument(
+        "--timeline", action="store_true", help="Print each llm-batch job's timeline."
+    )
     args = parser.parse_args()
 
-    settings = Settings()
-    DevStack(settings).up()
     work = Path(tempfile.mkdtemp(prefix="llmbatch-bench-"))
-    model = args.model or str(
-        build_tiny_model(settings.state_dir.resolve() / "models" / "tiny-llama")
-    )
+    # A stack of its own (free ports, its own state): never a developer's `dev up`.
+    settings = isolated_settings(work / "stack")
+    dev = DevStack(settings)
+    dev.up()
+    try:
+        _rounds(args, settings, work)
+    finally:
+        dev.down()
+
+
+def _rounds(args: argparse.Namespace, settings: Settings, work: Path) -> None:
+    model = args.model or str(build_tiny_model(work / "models" / "tiny-llama"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     src = work / "batch.jsonl"
     src.write_bytes(chat_lines(args.requests, model=model, max_tokens=args.max_tokens))
     data_uri = f"s3://{settings.s3_bucket}/bench/batch-{args.requests}.jsonl"
     storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
 
-    peer_job, peer_load, ours_job, ours_load, api_job = [], [], [], [], []
-    for round_ in range(args.repeats):
-        print(f"round {round_ + 1}/{args.repeats}", flush=True)
-        peer = run_batch(model, src, work / "out.jsonl", ENGINE_ARGS)
-        peer_job.append(peer.batch_s)
-        peer_load.append(peer.load_s)
-        job, load, api_s = asyncio.run(
+    n = args.requests
+    # Seconds on the batch and seconds of engine load, per round, by runner.
+    job: dict[str, list[float]] = {"run-batch": [], "AsyncLLM loop": [], "llm-batch": []}
+    loads: dict[str, list[float]] = {name: [] for name in job}
+    api_job: list[float] = []
+    # The peers' seconds to their process's exit (their engine's shutdown too).
+    exits: dict[str, list[float]] = {"run-batch": [], "AsyncLLM loop": []}
+
+    def peer(run: Callable[..., PeerRun], name: str) -> Callable[[], None]:
+        def go() -> None:
+            result = run(model, src, work / "out.jsonl", ENGINE_ARGS)
+            assert result.ok == n, (name, result)
+            print(f"    (load {load()})", flush=True)
+            job[name].append(result.batch_s)
+            loads[name].append(result.load_s)
+            exits[name].append(result.exit_s)
+
+        return go
+
+    def ours() -> None:
+        elapsed, load_s, api_s = asyncio.run(
             llm_batch(
-                settings, model, data_uri, args.requests, work / "logs",
-                api=src if args.api else None,
+                settings, model, data_uri, n, work / "logs",
+                api=src if args.api else None, timeline=args.timeline,
             )
         )  # fmt: skip
-        ours_job.append(job)
-        ours_load.append(load)
+        job["llm-batch"].append(elapsed)
+        loads["llm-batch"].append(load_s)
         if api_s is not None:
             api_job.append(api_s)
 
-    n = args.requests
+    runners = [peer(run_batch, "run-batch"), peer(asyncllm_loop, "AsyncLLM loop"), ours]
+    for round_ in range(args.repeats):
+        print(f"round {round_ + 1}/{args.repeats} (load {load()})", flush=True)
+        # Each round starts with another runner: none is always first or last.
+        shift = round_ % len(runners)
+        for runner in runners[shift:] + runners[:shift]:
+            runner()
+
     med = statistics.median
-    peer_excl = n / med(peer_job)
-    peer_incl = n / (med(peer_job) + med(peer_load))
-    ours_excl = n / med(ours_job)
-    ours_incl = n / (med(ours_job) + med(ours_load))
-    print(f"\n{n} requests, {args.max_tokens} max tokens, {args.repeats} rounds, medians:")
-    print(f"  run-batch  excl. load {peer_excl:8.1f} items/s   incl. load {peer_incl:8.1f} items/s")
-    print(f"  llm-batch  excl. load {ours_excl:8.1f} items/s   incl. load {ours_incl:8.1f} items/s")
-    print(f"  ratio llm-batch / run-batch: excl. load {ours_excl / peer_excl:.2f}x, "
-          f"incl. load {ours_incl / peer_incl:.2f}x")  # fmt: skip
+    excl = {name: n / med(job[name]) for name in job}
+    incl = {name: n / (med(job[name]) + med(loads[name])) for name in job}
+    print(f"\n{n} requests, {args.max_tokens} max tokens, {args.repeats} rounds, medians "
+          f"(load now {load()}):")  # fmt: skip
+    for name in job:
+        print(f"  {name:14s} excl. load {excl[name]:8.1f} items/s   "
+              f"incl. load {incl[name]:8.1f} items/s")  # fmt: skip
+    for name, seconds in exits.items():
+        print(f"  ({name} to its exit, engine shutdown included: {n / med(seconds):.1f} items/s)")
+    for name in ("run-batch", "AsyncLLM loop"):
+        print(f"  ratio llm-batch / {name}: excl. load {excl['llm-batch'] / excl[name]:.2f}x, "
+              f"incl. load {incl['llm-batch'] / incl[name]:.2f}x")  # fmt: skip
     if api_job:
         api_excl = n / med(api_job)
-        print(f"  API        excl. load {api_excl:8.1f} items/s   (upload to output downloaded)")
-        print(f"  ratio API / llm-batch submit: {api_excl / ours_excl:.2f}x, "
-              f"API / run-batch: {api_excl / peer_excl:.2f}x (excl. load)")  # fmt: skip
+        print(
+            f"  API            excl. load {api_excl:8.1f} items/s   (upload to output downloaded)"
+        )
+        print(f"  ratio API / llm-batch submit: {api_excl / excl['llm-batch']:.2f}x, "
+              f"API / run-batch: {api_excl / excl['run-batch']:.2f}x (excl. load)")  # fmt: skip
 
 
 if __name__ == "__main__":
