@@ -20,22 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import chat_lines, run_batch
+from peer import chat_lines, load, profiled, run_batch
 
 from llmbatch import storage
 from llmbatch.client.temporal import connect, start_job
@@ -98,38 +93,6 @@ async def run_job(
     handle, _ = await start_job(client, spec, settings=settings)  # type: ignore[arg-type]
     summary: JobSummary = await handle.result()
     return summary, time.monotonic() - started
-
-
-def load() -> str:
-    """The machine's load averages (1, 5, 15 min): other work skews every figure."""
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-@contextlib.contextmanager
-def profiled(watched: dict[str, tuple[int, bool]], out: Path | None) -> Iterator[None]:
-    """py-spy records each watched Python process (collapsed stacks, one file each)
-    while the block runs; nothing when ``out`` is None."""
-    if out is None:
-        yield
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    spies = []
-    for name, (pid, descendants) in watched.items():
-        path = out / (name.split()[0] + ".txt")
-        cmd = [shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--format", "raw",
-               "--rate", "200", "--nonblocking", "--output", str(path)]  # fmt: skip
-        if descendants:
-            cmd.append("--subprocesses")
-        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    time.sleep(1.0)  # py-spy attaches
-    try:
-        yield
-    finally:
-        for spy in spies:
-            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-        for spy in spies:
-            spy.wait(timeout=60)
-        print(f"  py-spy profiles in {out}", flush=True)
 
 
 async def llm_batch(

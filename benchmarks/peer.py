@@ -1,6 +1,6 @@
 """The benchmarks' peers, ``vllm run-batch`` (vLLM's own batch runner) and vLLM's
-in-process ``AsyncLLM`` loop, and the peak RSS of a process tree: shared by every
-benchmark that measures llm-batch against them.
+in-process ``AsyncLLM`` loop, the peak RSS of a process tree, the machine's load and
+py-spy recordings: shared by every benchmark that measures llm-batch against them.
 
 run-batch runs on the same file, model and engine options as llm-batch, and in the
 same engine-process environment: an embedding worker adds ``cpu_engine_env()``
@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,38 @@ from typing import Any
 import psutil
 
 TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): other work skews every figure."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@contextlib.contextmanager
+def profiled(watched: dict[str, tuple[int, bool]], out: Path | None) -> Iterator[None]:
+    """py-spy records each watched Python process (collapsed stacks, one file each)
+    while the block runs; nothing when ``out`` is None."""
+    if out is None:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for name, (pid, descendants) in watched.items():
+        path = out / (name.split()[0] + ".txt")
+        cmd = [shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--format", "raw",
+               "--rate", "200", "--nonblocking", "--output", str(path)]  # fmt: skip
+        if descendants:
+            cmd.append("--subprocesses")
+        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for spy in spies:
+            spy.wait(timeout=60)
+        print(f"  py-spy profiles in {out}", flush=True)
 
 
 def chat_lines(n: int, *, model: str, max_tokens: int, repeat: int = 1) -> bytes:

@@ -11,7 +11,9 @@ peers, until they log that they read the batch file (their batch ends when they 
 their output, before their engine's shutdown; the time to exit is printed too); for
 llm-batch, until the started workers poll their queues. Each figure's line says the
 machine's load. ``--timeline`` prints each llm-batch job's timeline from its Temporal
-histories (benchmarks/timeline.py): where the job's time goes that is not engine work.
+histories (benchmarks/timeline.py): where the job's time goes that is not engine work;
+``--profile DIR`` records the workers (and the engine's processes) with py-spy in one
+more llm-batch job in the last round, not among the figures.
 
 With ``--api``, each round also sends the same file through the OpenAI Batch API
 (``llm-batch serve`` on the same workers, with the official client: upload, create,
@@ -38,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import PeerRun, asyncllm_loop, chat_lines, run_batch
+from peer import PeerRun, asyncllm_loop, chat_lines, load, profiled, run_batch
 from timeline import job_timeline
 
 from llmbatch import storage
@@ -118,11 +120,6 @@ async def through_api(settings: Settings, src: Path, n: int, log_dir: Path) -> f
     return elapsed
 
 
-def load() -> str:
-    """The machine's load averages (1, 5, 15 min): other work skews every figure."""
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 async def llm_batch(
     settings: Settings,
     model: str,
@@ -132,6 +129,7 @@ async def llm_batch(
     *,
     api: Path | None,
     timeline: bool,
+    profile: Path | None = None,
 ) -> tuple[float, float, float | None]:
     client = await connect(settings)
     gpu_args = list(ENGINE_ARGS)
@@ -144,13 +142,12 @@ async def llm_batch(
             within_s=600,
         )
         load_s = time.monotonic() - started
+        # The job spec's defaults (shard size, window): what a user gets.
         spec = JobSpec(
             job_id=f"bench-{uuid.uuid4().hex[:8]}",
             inputs=[data_uri],
             model=model,
             output_uri=f"s3://{settings.s3_bucket}/bench-out",
-            shard_size=1000,
-            max_concurrent_shards=4,
         )
         submitted = datetime.now(UTC)
         job_started = time.monotonic()
@@ -159,6 +156,12 @@ async def llm_batch(
         elapsed = time.monotonic() - job_started
         seen_end = datetime.now(UTC)
         assert summary.items_succeeded == n, summary
+        if profile is not None:
+            # One more job, not among the figures: py-spy takes CPU of its own.
+            cpu, gpu = procs
+            with profiled({"cpu worker": (cpu.pid, True), "gpu worker": (gpu.pid, True)}, profile):
+                again = spec.model_copy(update={"job_id": f"{spec.job_id}-profiled"})
+                await (await start_job(client, again, settings=settings))[0].result()
         print(
             f"  llm-batch: {elapsed:.1f} s job + {load_s:.1f} s worker start, "
             f"{summary.items_succeeded} ok (load {load()})",
@@ -190,6 +193,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--timeline", action="store_true", help="Print each llm-batch job's timeline."
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="record the workers with py-spy in one more llm-batch job"
     )
     args = parser.parse_args()
 
@@ -236,6 +242,7 @@ def _rounds(args: argparse.Namespace, settings: Settings, work: Path) -> None:
             llm_batch(
                 settings, model, data_uri, n, work / "logs",
                 api=src if args.api else None, timeline=args.timeline,
+                profile=args.profile if len(job["llm-batch"]) == args.repeats - 1 else None,
             )
         )  # fmt: skip
         job["llm-batch"].append(elapsed)
