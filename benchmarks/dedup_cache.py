@@ -27,10 +27,8 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
-
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import chat_lines, load, profiled, run_batch
+from peer import chat_lines, cpu_seconds, load, profiled, run_batch
 
 from llmbatch import storage
 from llmbatch.client.temporal import connect, start_job
@@ -48,30 +46,6 @@ ENGINE_ARGS = [
     "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256",
     "--kv-cache-memory-bytes", str(512 << 20),
 ]  # fmt: skip
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int, *, descendants: bool = True) -> float:
-    """utime + stime (and reaped children's) of ``pid`` and, with ``descendants``, of
-    every live process under it, from /proc/<pid>/stat."""
-    pids = [pid]
-    if descendants:
-        try:
-            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            pass
-    total = 0
-    for p in pids:
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        # fields[11:15]: utime, stime, cutime, cstime (stat fields 14-17)
-        total += sum(int(f) for f in fields[11:15])
-    return total / CLOCK_TICKS
-
-
 # Rows per shard (--shard-size; default the job spec's): Temporal's and each step's
 # fixed costs are per shard, so per item they fall as shards grow.
 SHARD_SIZE = JobSpec.model_fields["shard_size"].default

@@ -41,6 +41,30 @@ import psutil
 TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, *, descendants: bool = True) -> float:
+    """utime + stime (and reaped children's) of ``pid`` and, with ``descendants``, of
+    every live process under it, from /proc/<pid>/stat."""
+    pids = [pid]
+    if descendants:
+        try:
+            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            pass
+    total = 0
+    for p in pids:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        # fields[11:15]: utime, stime, cutime, cstime (stat fields 14-17)
+        total += sum(int(f) for f in fields[11:15])
+    return total / CLOCK_TICKS
+
+
 def load() -> str:
     """The machine's load averages (1, 5, 15 min): other work skews every figure."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -161,6 +185,10 @@ class PeerRun:
     exit_s: float
     ok: int
     peak_rss: int
+    # CPU seconds over the batch of the peer's own process and of its engine's
+    # processes (its descendants): what it spends outside the engine, and in it.
+    cpu_own_s: float = 0.0
+    cpu_engine_s: float = 0.0
 
 
 # What a peer logs when its engine is up and it starts reading the batch file, and
@@ -183,12 +211,18 @@ def _run_peer(
         env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert proc.stdout is not None
+    own = engine = (0.0, 0.0)
     with PeakRss([proc.pid]) as rss:
         for line in proc.stdout:  # vLLM logs to stdout
             if loaded is None and _READING in line:
                 loaded = time.monotonic()
+                own = (cpu_seconds(proc.pid, descendants=False), 0.0)
+                engine = (cpu_seconds(proc.pid) - own[0], 0.0)
             elif written is None and _WRITING in line:
                 written = time.monotonic()
+                mine = cpu_seconds(proc.pid, descendants=False)
+                own = (own[0], mine)
+                engine = (engine[0], cpu_seconds(proc.pid) - mine)
         code = proc.wait()
     if code != 0 or loaded is None or written is None:
         raise RuntimeError(f"{name} failed with exit code {code}")
@@ -201,9 +235,12 @@ def _run_peer(
         exit_s=finished - loaded,
         ok=ok,
         peak_rss=rss.peak,
+        cpu_own_s=own[1] - own[0],
+        cpu_engine_s=engine[1] - engine[0],
     )
     print(f"  {name}: {run.batch_s:.1f} s batch ({run.exit_s:.1f} s to exit) + "
-          f"{run.load_s:.1f} s load, {ok} ok, peak RSS {rss.peak / 2**30:.2f} GiB",
+          f"{run.load_s:.1f} s load, {ok} ok, peak RSS {rss.peak / 2**30:.2f} GiB, "
+          f"CPU {run.cpu_own_s:.1f} s own process + {run.cpu_engine_s:.1f} s engine processes",
           flush=True)  # fmt: skip
     return run
 

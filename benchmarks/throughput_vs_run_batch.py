@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import PeerRun, asyncllm_loop, chat_lines, load, profiled, run_batch
+from peer import PeerRun, asyncllm_loop, chat_lines, cpu_seconds, load, profiled, run_batch
 from timeline import job_timeline
 
 from llmbatch import storage
@@ -129,6 +129,7 @@ async def llm_batch(
     *,
     api: Path | None,
     timeline: bool,
+    parts: dict[str, int],
     profile: Path | None = None,
 ) -> tuple[float, float, float | None]:
     client = await connect(settings)
@@ -149,16 +150,30 @@ async def llm_batch(
             model=model,
             output_uri=f"s3://{settings.s3_bucket}/bench-out",
         )
+        cpu, gpu = procs
+        # CPU seconds over the job of each process: the GPU worker's own process apart
+        # from its engine's (its descendants), the stack's parts with theirs.
+        watched = {"cpu worker": (cpu.pid, True), "gpu worker": (gpu.pid, False)}
+        watched |= {name: (pid, True) for name, pid in parts.items()}
+
+        def cpu_now() -> dict[str, float]:
+            now = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
+            now["engine processes"] = cpu_seconds(gpu.pid) - now["gpu worker"]
+            return now
+
+        before = cpu_now()
         submitted = datetime.now(UTC)
         job_started = time.monotonic()
         handle, _ = await start_job(client, spec, settings=settings)
         summary = await handle.result()
         elapsed = time.monotonic() - job_started
         seen_end = datetime.now(UTC)
+        after = cpu_now()
         assert summary.items_succeeded == n, summary
+        print("    CPU s over the job: " + ", ".join(
+            f"{name} {after[name] - before[name]:.1f}" for name in after), flush=True)  # fmt: skip
         if profile is not None:
             # One more job, not among the figures: py-spy takes CPU of its own.
-            cpu, gpu = procs
             with profiled({"cpu worker": (cpu.pid, True), "gpu worker": (gpu.pid, True)}, profile):
                 again = spec.model_copy(update={"job_id": f"{spec.job_id}-profiled"})
                 await (await start_job(client, again, settings=settings))[0].result()
@@ -205,12 +220,15 @@ def main() -> None:
     dev = DevStack(settings)
     dev.up()
     try:
-        _rounds(args, settings, work)
+        parts = {p.name: p.pid for p in dev.status().parts if p.pid is not None}
+        _rounds(args, settings, work, parts)
     finally:
         dev.down()
 
 
-def _rounds(args: argparse.Namespace, settings: Settings, work: Path) -> None:
+def _rounds(
+    args: argparse.Namespace, settings: Settings, work: Path, parts: dict[str, int]
+) -> None:
     model = args.model or str(build_tiny_model(work / "models" / "tiny-llama"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     src = work / "batch.jsonl"
@@ -241,7 +259,7 @@ def _rounds(args: argparse.Namespace, settings: Settings, work: Path) -> None:
         elapsed, load_s, api_s = asyncio.run(
             llm_batch(
                 settings, model, data_uri, n, work / "logs",
-                api=src if args.api else None, timeline=args.timeline,
+                api=src if args.api else None, timeline=args.timeline, parts=parts,
                 profile=args.profile if len(job["llm-batch"]) == args.repeats - 1 else None,
             )
         )  # fmt: skip
