@@ -81,7 +81,10 @@ def profiled(watched: dict[str, tuple[int, bool]], out: Path | None) -> Iterator
     spies = []
     for name, (pid, descendants) in watched.items():
         path = out / (name.split()[0] + ".txt")
-        cmd = [shutil.which("py-spy") or "py-spy", "record", "--pid", str(pid), "--format", "raw",
+        # Installed with the dev extra, beside this interpreter (a venv's bin is not always
+        # on PATH).
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        cmd = [spy, "record", "--pid", str(pid), "--format", "raw",
                "--rate", "200", "--nonblocking", "--output", str(path)]  # fmt: skip
         if descendants:
             cmd.append("--subprocesses")
