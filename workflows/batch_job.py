@@ -13,6 +13,7 @@ from temporalio.exceptions import (
     ApplicationError,
     FailureError,
     WorkflowAlreadyStartedError,
+    is_cancelled_exception,
 )
 
 with workflow.unsafe.imports_passed_through():
@@ -216,13 +217,15 @@ class BatchJobWorkflow:
                 return await self._expire()
             return await self._finalize()
         except asyncio.CancelledError:
-            await self._cancel_shards()
-            if self._is_api_batch():
-                # OpenAI's cancel keeps what finished: the files hold it.
-                await self._end_api_batch(BatchStatus.CANCELLED, quiet=True)
-            await self._record_end(JobState.CANCELLED)
+            await self._cancelled()
             raise
-        except FailureError:
+        except FailureError as err:
+            if is_cancelled_exception(err):
+                # The job's cancel reached a step in flight (planning, say): the step
+                # ends as cancelled and so does the job, which Temporal records as
+                # cancelled when this error is raised on. Not a failure.
+                await self._cancelled()
+                raise
             # Only these fail the workflow (other errors fail a task, which is retried).
             # ContinueAsNewError is a BaseException and passes by.
             await self._record_end(JobState.FAILED)
@@ -230,6 +233,14 @@ class BatchJobWorkflow:
                 # Fenced: a batch that failed validation keeps its errors.
                 await self._set_api_batch_status(BatchStatus.FAILED, quiet=True)
             raise
+
+    async def _cancelled(self) -> None:
+        """End a cancelled job: its shards cancelled, an API batch's record cancelled
+        (OpenAI's cancel keeps what finished: the files hold it), the ledger told."""
+        await self._cancel_shards()
+        if self._is_api_batch():
+            await self._end_api_batch(BatchStatus.CANCELLED, quiet=True)
+        await self._record_end(JobState.CANCELLED)
 
     async def _plan(self) -> None:
         """List the inputs and split them into shards (plans go to storage)."""

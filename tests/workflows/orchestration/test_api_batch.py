@@ -122,3 +122,27 @@ async def test_a_cancelled_batch_keeps_its_finished_results_and_ends_cancelled(
         (RECORD_JOB_END, JobState.CANCELLED),
     ]
     assert s.shards_at(FETCH_SHARD) == [0, 1]
+
+
+async def test_a_batch_cancelled_while_it_validates_ends_cancelled_not_failed(
+    orchestration_client: Client,
+) -> None:
+    """The cancel reaches the plan step in flight (the batch is validating): that
+    step's cancellation is the batch's cancel, so it ends "cancelled" with no files
+    and no shard run; it ended "failed" when the cancelled step was taken for a
+    failure of the job."""
+    async with orchestrate(orchestration_client, shards=2) as run:
+        s = run.stand_ins
+        s.close_gate(PLAN_JOB)
+        job = await run.start_job(max_concurrent_shards=2, api_window_s=DAY_S)
+        await s.until_called(PLAN_JOB)
+        await job.cancel()
+        with pytest.raises(WorkflowFailureError) as ended:
+            await result_of(job)
+        assert isinstance(ended.value.cause, CancelledError)
+        assert await run.status(run.job_id) == WorkflowExecutionStatus.CANCELED
+        assert not await run.exists(shard_workflow_id(run.job_id, 0))
+    assert [d for step, d in api_steps(s.calls) if step == SET_API_BATCH_STATUS][-1] == (
+        BatchStatus.CANCELLED
+    )
+    assert not s.called(FINISH_API_BATCH)
