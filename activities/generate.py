@@ -129,7 +129,11 @@ class GenerateActivities:
         except asyncio.CancelledError:
             # The job was cancelled. Closing generate_many has aborted the engine
             # requests by now; keep what came back, give back the rest.
-            await asyncio.shield(_give_back(self._ctx, recorder, job_id, lease, claimed))
+            # Cancelled by the worker's own stop (the drain's window ran out before the
+            # hand-back was done) is the stop's doing, not the items': no attempt counted.
+            await asyncio.shield(
+                _give_back(self._ctx, recorder, job_id, lease, claimed, refund=self._drain.draining)
+            )
             raise
         except EndpointRefusedError as exc:
             # Every item would fail the same way (a wrong key, a model the endpoint
@@ -325,17 +329,24 @@ class _Queue:
 
 
 async def _give_back(
-    ctx: ActivityContext, recorder: Recorder, job_id: str, lease: str, claimed: set[str]
+    ctx: ActivityContext,
+    recorder: Recorder,
+    job_id: str,
+    lease: str,
+    claimed: set[str],
+    *,
+    refund: bool = False,
 ) -> None:
     """Record the results already back, then make this attempt's unfinished items
-    pending again, so none is left ``running`` with nobody working on it."""
+    pending again, so none is left ``running`` with nobody working on it (``refund``:
+    their claim not counted as an attempt)."""
     try:
         await recorder.flush()
     except Exception as exc:  # a superseded attempt: its results are not ours to keep
         log.warning("attempt %s: results not kept on cancel: %s", lease, exc)
     try:
         released = await ledger.items.release_items(
-            ctx.pool, job_id=job_id, lease_owner=lease, item_ids=list(claimed)
+            ctx.pool, job_id=job_id, lease_owner=lease, item_ids=list(claimed), refund=refund
         )
     except Exception as exc:  # the next attempt's claim takes them over anyway
         log.warning("attempt %s: items not released on cancel: %s", lease, exc)

@@ -20,6 +20,7 @@ from llmbatch.api.deps import Services, services
 from llmbatch.api.errors import BACKEND_TIMEOUT_S, not_found
 from llmbatch.api.objects import Model, ModelList
 from llmbatch.client.temporal import queue_has_pollers
+from llmbatch.contract import names
 from llmbatch.contract.names import model_identity
 from llmbatch.contract.spec import Task
 from llmbatch.ledger.served_models import served_models
@@ -81,8 +82,9 @@ async def retrieve_model(
 ) -> Model:
     """The model, if a live GPU worker serves it or it is routed to an endpoint (the
     first of its tasks, by name)."""
-    name = model_identity(model_id)
+    # A GPU worker's model by its name or its path; a routed model by its id.
+    ids = {model_identity(model_id), names.model_id(model_id)}
     for model in await _models(svc):
-        if model.id == name:
+        if model.id in ids:
             return model
     raise not_found("Model", model_id, param="model")

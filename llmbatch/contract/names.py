@@ -92,6 +92,13 @@ _PATH_PREFIXES = ("/", "./", "../", "~")
 PATH_NAME_HASH_CHARS = 8
 
 
+def model_id(model: str) -> str:
+    """A model's id as given, without trailing slashes ('/m/' and '/m' name one model):
+    how an endpoint's model is named, where the id is the endpoint's to interpret (a
+    path there is the remote server's, sent to it unchanged)."""
+    return model.rstrip("/") or model
+
+
 def model_identity(model: str) -> str:
     """The model as jobs, workers and the OpenAI API name and compare it.
 
@@ -103,7 +110,7 @@ def model_identity(model: str) -> str:
     model need not be the one that loads it, so both must spell the path alike (or
     give the worker vLLM's ``--served-model-name`` and use that name).
     """
-    given = model.rstrip("/") or model
+    given = model_id(model)
     if not given.startswith(_PATH_PREFIXES) or given == "/":
         return given
     digest = hashlib.sha256(given.encode()).hexdigest()[:PATH_NAME_HASH_CHARS]

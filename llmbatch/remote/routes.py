@@ -18,7 +18,7 @@ from datetime import datetime
 
 import asyncpg
 
-from llmbatch.contract.names import model_identity
+from llmbatch.contract.names import model_id
 from llmbatch.contract.spec import EndpointVia, Task
 from llmbatch.ledger.db import Database, transaction
 from llmbatch.remote.endpoints import EndpointError
@@ -39,7 +39,7 @@ async def set_routes(db: Database, *, endpoint: str, task: Task, models: Sequenc
     """Route exactly ``models`` (for ``task``) to ``endpoint``: the endpoint's other
     routes of the task are dropped. A model routed to another endpoint is refused. A
     new route runs as the endpoint's routes of the task already do (:func:`set_via`)."""
-    names = sorted({model_identity(m) for m in models if m.strip()})
+    names = sorted({model_id(m) for m in models if m.strip()})
     async with transaction(db) as conn:
         via = await conn.fetchval(
             "SELECT via FROM endpoint_models WHERE endpoint = $1 AND task = $2 LIMIT 1",
@@ -108,7 +108,7 @@ async def route_for(db: Database, *, model: str, task: Task) -> ModelRoute | Non
     """The route of ``model`` for ``task``; None: GPU workers run it."""
     row = await db.fetchrow(
         f"SELECT {_COLUMNS} FROM endpoint_models WHERE model = $1 AND task = $2",
-        model_identity(model),
+        model_id(model),
         str(task),
     )
     return None if row is None else _route(row)

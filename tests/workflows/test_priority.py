@@ -166,6 +166,12 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
     )
     # One tenant for both, so that only their priorities differ (another tenant's job
     # would overtake the queue by fairness alone).
+    # Every answer its full length (vLLM's ignore_eos): on a quiet machine the tiny
+    # model's early ends let the GPU step keep up with the CPU steps, and the large
+    # job's generate steps never queued up.
+    large = large.model_copy(
+        update={"sampling": SamplingSpec(max_tokens=MAX_TOKENS, params={"ignore_eos": True})}
+    )
     small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant=TENANT)
     pool = await ledger.db.create_pool(pg_dsn)
     large_handle, _ = await start_job(temporal_client, large, settings=workers)
