@@ -43,6 +43,7 @@ LARGE_SHARDS = 16
 SHARD_SIZE = 100
 SMALL_ROWS = 20
 MAX_TOKENS = 96
+LARGE_MAX_TOKENS = 256
 # The small job is submitted once at least this many of the large job's generate
 # steps wait unstarted.
 BACKLOG = 8
@@ -166,11 +167,11 @@ async def test_a_priority_1_job_overtakes_a_busy_priority_5_backlog(
     )
     # One tenant for both, so that only their priorities differ (another tenant's job
     # would overtake the queue by fairness alone).
-    # Every answer its full length (vLLM's ignore_eos): on a quiet machine the tiny
-    # model's early ends let the GPU step keep up with the CPU steps, and the large
-    # job's generate steps never queued up.
+    # Long answers of full length (vLLM's ignore_eos), so the GPU step is always the
+    # slower one: with the tiny model's early ends the GPU worker kept up with the CPU
+    # steps in some runs, and the large job's generate steps never queued up.
     large = large.model_copy(
-        update={"sampling": SamplingSpec(max_tokens=MAX_TOKENS, params={"ignore_eos": True})}
+        update={"sampling": SamplingSpec(max_tokens=LARGE_MAX_TOKENS, params={"ignore_eos": True})}
     )
     small = _spec(tmp_path, "small", SMALL_ROWS, model_name, priority=1, tenant=TENANT)
     pool = await ledger.db.create_pool(pg_dsn)
