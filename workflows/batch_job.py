@@ -216,14 +216,11 @@ class BatchJobWorkflow:
             if self._expired:
                 return await self._expire()
             return await self._finalize()
-        except asyncio.CancelledError:
-            await self._cancelled()
-            raise
-        except FailureError as err:
+        except (asyncio.CancelledError, FailureError) as err:
             if is_cancelled_exception(err):
-                # The job's cancel reached a step in flight (planning, say): the step
-                # ends as cancelled and so does the job, which Temporal records as
-                # cancelled when this error is raised on. Not a failure.
+                # The job's cancel, also when it reached a step in flight (planning,
+                # say) and came back as that step's error: Temporal records the job as
+                # cancelled when this is raised on. Not a failure.
                 await self._cancelled()
                 raise
             # Only these fail the workflow (other errors fail a task, which is retried).

@@ -3,7 +3,7 @@ and the models routed to remote endpoints, each once, with their tasks.
 
 An endpoint's model is listed by the name it is routed under, owned by llm-batch:
 never the endpoint's name, base URL, or where its key is kept. A model a GPU worker
-loaded from a local path is listed by its name (:func:`model_identity`), never the
+loaded from a local path is listed by its name (:func:`names.model_identity`), never the
 server's path.
 """
 
@@ -21,7 +21,6 @@ from llmbatch.api.errors import BACKEND_TIMEOUT_S, not_found
 from llmbatch.api.objects import Model, ModelList
 from llmbatch.client.temporal import queue_has_pollers
 from llmbatch.contract import names
-from llmbatch.contract.names import model_identity
 from llmbatch.contract.spec import Task
 from llmbatch.ledger.served_models import served_models
 from llmbatch.remote.routes import routes
@@ -45,7 +44,7 @@ async def _models(svc: Services) -> list[Model]:
         *(queue_has_pollers(svc.temporal, r.task_queue, rpc_timeout=_TIMEOUT) for r in rows)
     )
     seen = [
-        (model_identity(row.model), row.task, row.first_seen)
+        (names.model_identity(row.model), row.task, row.first_seen)
         for row, live in zip(rows, polled, strict=True)
         if live
     ]
@@ -83,7 +82,7 @@ async def retrieve_model(
     """The model, if a live GPU worker serves it or it is routed to an endpoint (the
     first of its tasks, by name)."""
     # A GPU worker's model by its name or its path; a routed model by its id.
-    ids = {model_identity(model_id), names.model_id(model_id)}
+    ids = {names.model_identity(model_id), names.model_id(model_id)}
     for model in await _models(svc):
         if model.id in ids:
             return model
