@@ -23,7 +23,7 @@ from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
-from workers.heartbeat import BackgroundHeartbeatInterceptor
+from workers.heartbeat import HEARTBEAT_THROTTLE, BackgroundHeartbeatInterceptor
 from workers.preflight import check_services
 from workers.queues import export_gauges
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
@@ -52,6 +52,7 @@ def build_cpu_worker(
         client,
         task_queue=ctx.settings.cpu_task_queue,
         graceful_shutdown_timeout=drain_timeout,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         workflows=[BatchJobWorkflow, ShardWorkflow, DeadLetterWorkflow, ProviderBatchWorkflow],
         # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         # Heartbeats: a killed worker's steps move on after their heartbeat timeout.

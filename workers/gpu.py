@@ -33,6 +33,7 @@ from llmbatch.contract.spec import Task
 from llmbatch.engine.options import EngineOptions
 from llmbatch.engine.vllm_engine import Engine
 from llmbatch.ledger.served_models import advertised
+from workers.heartbeat import HEARTBEAT_THROTTLE
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 from workers.startup import ColdStart, clear_ready, freeze_startup_objects, mark_ready
@@ -74,6 +75,7 @@ def build_gpu_worker(
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
         graceful_shutdown_timeout=drain.timeout,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         # Tracing comes with a client from llmbatch.client.temporal.connect; added here otherwise.
         interceptors=telemetry.worker_interceptors(client),
     )

@@ -20,7 +20,16 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from activities.heartbeat import heartbeat_interval
+from activities.heartbeat import BEATS_PER_TIMEOUT, heartbeat_interval
+from workflows.options import HEARTBEAT_TIMEOUT
+
+# Every worker's ``max_heartbeat_throttle_interval``. The SDK sends an activity's
+# heartbeats at most once per throttle interval, by default 0.8 of its heartbeat
+# timeout (24 of 30 s): the beats the activities give every 5 s were held back, and
+# one heartbeat call Temporal was slow to answer (13-16 s, seen on a loaded machine)
+# timed a healthy step out, charging its items an attempt. Capped at the activities'
+# own interval, each beat reaches Temporal and one slow call fits in the timeout.
+HEARTBEAT_THROTTLE = HEARTBEAT_TIMEOUT / BEATS_PER_TIMEOUT
 
 
 class BackgroundHeartbeatInterceptor(Interceptor):

@@ -31,6 +31,7 @@ from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
 from llmbatch.remote.pause import pause_workflow
+from workers.heartbeat import HEARTBEAT_THROTTLE
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
 
@@ -89,6 +90,7 @@ def build_remote_worker(
         activities=[generate.generate],
         max_concurrent_activities=max_concurrent_activities,
         graceful_shutdown_timeout=drain.timeout,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         interceptors=telemetry.worker_interceptors(client),
     )
 
