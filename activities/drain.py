@@ -53,6 +53,11 @@ class Drain:
         """``time.monotonic()`` by which in-flight work is aborted; None before the drain."""
         return self._stop_at
 
+    @property
+    def past_deadline(self) -> bool:
+        """Whether the drain's deadline has passed (in-flight work is aborted by then)."""
+        return self._stop_at is not None and time.monotonic() >= self._stop_at
+
     def begin(self) -> None:
         """Start the drain now (idempotent: the first call fixes the deadline)."""
         if self._began is not None:

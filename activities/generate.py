@@ -131,9 +131,16 @@ class GenerateActivities:
             # requests by now; keep what came back, give back the rest.
             # Cancelled by the worker's own stop (the drain's window ran out before the
             # hand-back was done) is the stop's doing, not the items': no attempt counted.
-            await asyncio.shield(
-                _give_back(self._ctx, recorder, job_id, lease, claimed, refund=self._drain.draining)
+            stopping = self._drain.draining
+            released = await asyncio.shield(
+                _give_back(self._ctx, recorder, job_id, lease, claimed, refund=stopping)
             )
+            if stopping:
+                # Said as a drained attempt says it: what a stop cost must not depend on
+                # whether the hand-back beat the SDK's cancel (on a starved CPU it may not).
+                self._log_drained(
+                    lease, recorder, released, aborted=self._drain.past_deadline, cut_short=True
+                )
             raise
         except EndpointRefusedError as exc:
             # Every item would fail the same way (a wrong key, a model the endpoint
@@ -246,18 +253,30 @@ class GenerateActivities:
             refund=True,
         )
         activity.heartbeat(progress.model_dump())
-        # A warning: it is seldom, and an operator wants to see what a stop cost.
-        log.warning(
-            "attempt %s drained in %.1f s: %d results recorded, %d items given back%s",
-            lease,
-            self._drain.seconds_since_begun(),
-            recorder.succeeded + recorder.dead,
-            released,
-            " (in-flight requests aborted at the drain deadline)" if aborted else "",
-        )
+        self._log_drained(lease, recorder, released, aborted=aborted)
         raise drained(
             f"worker stopped; {released} unfinished items of this shard given back, "
             f"{recorder.succeeded + recorder.dead} recorded"
+        )
+
+    def _log_drained(
+        self,
+        lease: str,
+        recorder: Recorder,
+        released: int | None,
+        *,
+        aborted: bool,
+        cut_short: bool = False,
+    ) -> None:
+        # A warning: it is seldom, and an operator wants to see what a stop cost.
+        log.warning(
+            "attempt %s drained in %.1f s: %d results recorded, %s items given back%s%s",
+            lease,
+            self._drain.seconds_since_begun(),
+            recorder.succeeded + recorder.dead,
+            "unknown" if released is None else released,
+            " (in-flight requests aborted at the drain deadline)" if aborted else "",
+            " (the worker's stop cancelled the attempt before it handed back)" if cut_short else "",
         )
 
     def _check_model(self, input: ShardInput) -> None:
@@ -336,10 +355,11 @@ async def _give_back(
     claimed: set[str],
     *,
     refund: bool = False,
-) -> None:
+) -> int | None:
     """Record the results already back, then make this attempt's unfinished items
     pending again, so none is left ``running`` with nobody working on it (``refund``:
-    their claim not counted as an attempt)."""
+    their claim not counted as an attempt); return how many went back, None when the
+    release failed."""
     try:
         await recorder.flush()
     except Exception as exc:  # a superseded attempt: its results are not ours to keep
@@ -350,8 +370,9 @@ async def _give_back(
         )
     except Exception as exc:  # the next attempt's claim takes them over anyway
         log.warning("attempt %s: items not released on cancel: %s", lease, exc)
-        return
+        return None
     log.info("attempt %s cancelled: %d unfinished items made pending again", lease, released)
+    return released
 
 
 async def _refused(

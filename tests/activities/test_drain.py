@@ -82,3 +82,16 @@ async def test_a_cancel_waits_for_the_ledger_write_in_progress() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert written == ["results"]
+
+
+async def test_past_deadline_says_whether_in_flight_work_was_aborted() -> None:
+    # A cancelled attempt reads it to say whether its requests were aborted.
+    drain = Drain(timeout=timedelta(seconds=1))
+    assert not drain.past_deadline
+    drain.begin()
+    assert not drain.past_deadline
+    await asyncio.sleep(0.85)  # the window less its reserve (a fifth): 0.8 s
+    assert drain.past_deadline
+    hurried = Drain(timeout=timedelta(seconds=30))
+    hurried.hurry()
+    assert hurried.past_deadline

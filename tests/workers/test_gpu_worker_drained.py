@@ -214,9 +214,11 @@ async def test_drain_shorter_than_the_work_in_flight_aborts_and_loses_nothing(
     cpu_workers: Settings, temporal_client: Client, own_model: str, tmp_path: Path
 ) -> None:
     stack = cpu_workers
-    # Long enough that the hand-back fits the window's reserve (a fifth) on a loaded
-    # machine; at 1 s the SDK's cancel came first there.
-    drain_timeout = 5.0
+    # Long enough that the hand-back usually fits the window's reserve (a fifth, 2 s):
+    # at 1 s the SDK's cancel came first on a loaded machine, and once at 5 s in CI,
+    # where the engine's threads starved the worker's loop. Either way the attempt
+    # logs what it gave back, and nothing below depends on which came first.
+    drain_timeout = 10.0
     run = await _run(
         stack,
         temporal_client,
