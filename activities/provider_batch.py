@@ -12,11 +12,16 @@ and answers land only while it holds them, through the generate step's
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import Iterable
+from datetime import timedelta
 
 from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.context import ActivityContext
 from llmbatch import ledger
@@ -29,6 +34,7 @@ from llmbatch.contract.provider import (
     PROVIDER_RELEASE_SLOT,
     PROVIDER_SUBMIT,
     PROVIDER_TAKE_SLOT,
+    TERMINAL,
     ProviderBatchRef,
     ProviderBatchState,
     ProviderGiveUp,
@@ -93,14 +99,66 @@ class ProviderBatchActivities:
             raise ApplicationError(
                 str(exc), type=FailureType.ENDPOINT_REFUSED, non_retryable=True
             ) from None
-        return await slots.take(
+        info = activity.info()
+        take = functools.partial(
+            slots.take,
             self._ctx.pool,
             token=_token(input),
             endpoint=spec.remote_endpoint or "",
             job_id=spec.job_id,
             shard=shard.shard,
             max_in_flight=batch_api.max_in_flight,
+            workflow_id=info.workflow_id,
+            run_id=info.workflow_run_id,
         )
+        if await take():
+            return True
+        # None free: a holder (or an older waiter) whose workflow was terminated ran no
+        # code to give its row back. Free those, then try once more.
+        due = await slots.due_for_check(
+            self._ctx.pool, endpoint=spec.remote_endpoint or "", token=_token(input)
+        )
+        closed = await closed_runs(activity.client(), due)
+        if not closed:
+            return False
+        freed = await slots.free_closed(self._ctx.pool, closed)
+        if freed:
+            log.warning(
+                "freed %d provider batch slot(s) of endpoint %s held by closed workflows: %s",
+                len(freed),
+                spec.remote_endpoint,
+                ", ".join(h.workflow_id or "" for h in closed if h.token in freed),
+            )
+            await self._cancel_orphans(freed)
+        return await take()
+
+    async def _cancel_orphans(self, tokens: list[str]) -> None:
+        """Cancel the provider batches of slots freed from closed workflows: nobody
+        waits for them, so their answers would be paid for and never read.
+
+        Never a second payment: the only run that could still want such a batch is a
+        reset of its workflow, which finds it by its token (cancelled, with what it
+        finished) and dead-letters the rest as BatchCancelled, for a re-drive. A cancel
+        that fails (the batch finished meanwhile, the provider away) is only logged:
+        the slot is free either way."""
+        for token in tokens:
+            row = await book.get(self._ctx.pool, token)
+            if row is None or row.batch_id is None or row.status in TERMINAL:
+                continue  # a waiting row, or no batch created (yet), or it has ended
+            try:
+                async with BatchClient(await get_endpoint(self._ctx.pool, row.endpoint)) as c:
+                    batch = await c.cancel(row.batch_id)
+                counts = batch.get("request_counts") or {}
+                await book.set_status(
+                    self._ctx.pool,
+                    token=token,
+                    status=BatchStatus(batch["status"]),
+                    completed=int(counts.get("completed") or 0),
+                    failed=int(counts.get("failed") or 0),
+                )
+                log.warning("provider batch %s of a closed workflow cancelled", row.batch_id)
+            except (ProviderError, EndpointError, KeyError, ValueError) as exc:
+                log.warning("provider batch %s not cancelled: %s", row.batch_id, exc)
 
     @activity.defn(name=PROVIDER_RELEASE_SLOT)
     async def release_slot(self, input: ProviderSubmit) -> None:
@@ -332,6 +390,37 @@ class ProviderBatchActivities:
             lease_owner=ref.lease_owner,
             item_ids=list(await self._held(ref)),
         )
+
+
+async def closed_runs(client: Client, holders: list[slots.Holder]) -> list[slots.Holder]:
+    """The holders whose workflow is closed in Temporal (or gone from it), described
+    a few at a time; a describe that fails counts as running (checked again later).
+
+    The latest run of the workflow id decides: a reset run of the same id, which holds
+    the token's slot without taking it again, keeps it."""
+    limit = asyncio.Semaphore(_DESCRIBES_AT_ONCE)
+
+    async def closed(holder: slots.Holder) -> bool:
+        assert holder.workflow_id is not None  # due_for_check picks only named rows
+        async with limit:
+            try:
+                described = await client.get_workflow_handle(holder.workflow_id).describe(
+                    rpc_timeout=_DESCRIBE_TIMEOUT
+                )
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    return True  # closed and past the namespace's retention
+                log.warning("workflow %s not described: %s", holder.workflow_id, exc)
+                return False
+        return described.status != WorkflowExecutionStatus.RUNNING
+
+    found = await asyncio.gather(*(closed(h) for h in holders))
+    return [h for h, is_closed in zip(holders, found, strict=True) if is_closed]
+
+
+# Describes of slot holders in flight at once, and how long one may take.
+_DESCRIBES_AT_ONCE = 16
+_DESCRIBE_TIMEOUT = timedelta(seconds=10)
 
 
 def _token(input: ProviderSubmit) -> str:
