@@ -103,8 +103,13 @@ def profiled(watched: dict[str, tuple[int, bool]], out: Path | None) -> Iterator
 def chat_lines(n: int, *, model: str, max_tokens: int, repeat: int = 1) -> bytes:
     """An OpenAI batch file of ``n`` greedy chat requests, each distinct one ``repeat``
     times: line i asks request i % (n // repeat), so repeats are spread over the file."""
+    return "".join(iter_chat_lines(n, model=model, max_tokens=max_tokens, repeat=repeat)).encode()
+
+
+def iter_chat_lines(n: int, *, model: str, max_tokens: int, repeat: int = 1) -> Iterator[str]:
+    """The lines of :func:`chat_lines` one at a time (each ends in a newline), for
+    files too large to hold in memory."""
     distinct = n // repeat
-    lines = []
     for i in range(n):
         k = i % distinct
         body = {
@@ -117,8 +122,7 @@ def chat_lines(n: int, *, model: str, max_tokens: int, repeat: int = 1) -> bytes
             "temperature": 0.0,
         }
         line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-        lines.append(json.dumps(line))
-    return ("\n".join(lines) + "\n").encode()
+        yield json.dumps(line) + "\n"
 
 
 class PeakRss:
