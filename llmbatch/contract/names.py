@@ -7,6 +7,7 @@ hold boto3, asyncpg or vLLM; callers in other languages use them too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -99,6 +100,8 @@ def model_id(model: str) -> str:
     return model.rstrip("/") or model
 
 
+# Asked for every line of an OpenAI batch file (its body.model): a hash, worked out once.
+@functools.lru_cache(maxsize=1024)
 def model_identity(model: str) -> str:
     """The model as jobs, workers and the OpenAI API name and compare it.
 

@@ -89,6 +89,10 @@ class Engine:
         self._max_model_len: int = llm.model_config.max_model_len
         # Bounded: OpenAI batch rows may each bring their own sampling (seed, max_tokens).
         self._prepared: OrderedDict[str, Prepared] = OrderedDict()
+        # The same, by the spec object's identity (see _prepare).
+        self._prepared_by_id: OrderedDict[tuple[int, bool], tuple[SamplingSpec, Prepared]] = (
+            OrderedDict()
+        )
         self._closed = False
         # Requests submitted to vLLM since start (all callers): the engine's own count.
         self.requests_submitted = 0
@@ -176,6 +180,15 @@ class Engine:
             self._llm.shutdown()
 
     def _prepare(self, spec: SamplingSpec, *, chat: bool) -> Prepared:
+        # Every request of a shard usually carries the same spec object (the job's
+        # sampling): found by identity, without serializing it per request (3.5% of
+        # the worker's samples on a chat job). The entry holds the spec, so its id is
+        # not reused while the entry lives; specs are not changed after validation
+        # (an override builds a new one). Equal specs in other objects (an OpenAI
+        # line's own) share one Prepared through the value key.
+        mine = self._prepared_by_id.get((id(spec), chat))
+        if mine is not None and mine[0] is spec:
+            return mine[1]
         key = f"{chat}:{spec.model_dump_json()}"
         prepared = self._prepared.get(key)
         if prepared is None:
@@ -184,6 +197,9 @@ class Engine:
                 self._prepared.popitem(last=False)
         else:
             self._prepared.move_to_end(key)
+        self._prepared_by_id[(id(spec), chat)] = (spec, prepared)
+        if len(self._prepared_by_id) > PREPARED_CACHE_SIZE:
+            self._prepared_by_id.popitem(last=False)
         return prepared
 
     def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
@@ -243,7 +259,7 @@ class Engine:
             usage._entered()
         try:
             async for output in self._llm.generate(
-                tokens_input(ids), prepared.params, request.request_id
+                tokens_input(ids), prepared.request_params(), request.request_id
             ):
                 final = output
         except asyncio.CancelledError:

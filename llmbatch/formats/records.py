@@ -24,13 +24,29 @@ from llmbatch.contract.states import ErrorClass
 M = TypeVar("M", bound="_Staged")
 
 _decode_lines = msgspec.json.Decoder().decode_lines
+_encode = msgspec.json.encode
+
+N = TypeVar("N", bound=BaseModel)
 
 
 class _Staged(BaseModel):
     @classmethod
-    def from_staged(cls, record: dict[str, Any]) -> Self:
-        """A record as :func:`dump_jsonl` wrote it, without validating it again."""
+    def from_staged(cls, record: dict[str, Any], known: dict[bytes, Any]) -> Self:
+        """A record as :func:`dump_jsonl` wrote it, without validating it again.
+        ``known``: nested options already validated while reading the same object."""
         return cls.model_construct(**record)
+
+
+def _validated_once(raw: Any, model: type[N], known: dict[bytes, Any]) -> N:
+    """``raw`` validated as ``model``, once per distinct value of a staged object: the
+    rows of an OpenAI batch file mostly carry equal options, and the one object they
+    then share is what the engine worker finds its prepared sampling by (by identity,
+    not by serializing the options again for every request)."""
+    key = model.__name__.encode() + _encode(raw)
+    value = known.get(key)
+    if value is None:
+        value = known[key] = model.model_validate(raw)
+    return value  # type: ignore[no-any-return]
 
 
 class StagedRow(_Staged):
@@ -44,7 +60,7 @@ class StagedRow(_Staged):
     error: str | None = None
 
     @classmethod
-    def from_staged(cls, record: dict[str, Any]) -> Self:
+    def from_staged(cls, record: dict[str, Any], known: dict[bytes, Any]) -> Self:
         error_class = record.get("error_class")
         if error_class is not None:
             record["error_class"] = ErrorClass(error_class)
@@ -73,12 +89,12 @@ class StagedRequest(_Staged):
     key: str | None = None
 
     @classmethod
-    def from_staged(cls, record: dict[str, Any]) -> Self:
-        # Nested options are rare (an OpenAI line's own, a re-drive's): validated.
+    def from_staged(cls, record: dict[str, Any], known: dict[bytes, Any]) -> Self:
+        # Nested options (an OpenAI line's own, a re-drive's) are validated.
         if record.get("sampling") is not None:
-            record["sampling"] = SamplingSpec.model_validate(record["sampling"])
+            record["sampling"] = _validated_once(record["sampling"], SamplingSpec, known)
         if record.get("embedding") is not None:
-            record["embedding"] = EmbedSpec.model_validate(record["embedding"])
+            record["embedding"] = _validated_once(record["embedding"], EmbedSpec, known)
         return cls.model_construct(**record)
 
     def effective_sampling(self, spec: JobSpec) -> SamplingSpec:
@@ -96,5 +112,6 @@ def dump_jsonl(records: Iterable[BaseModel]) -> bytes:
 
 def load_jsonl(data: bytes, model: type[M]) -> Iterator[M]:
     """The records of :func:`dump_jsonl`'s output as ``model`` (blank lines skipped)."""
+    known: dict[bytes, Any] = {}
     for record in _decode_lines(data):
-        yield model.from_staged(record)
+        yield model.from_staged(record, known)

@@ -261,6 +261,19 @@ async def test_a_stop_string_ends_generation(engine: Engine) -> None:
     assert stop not in stopped.text and len(stopped.text) < len(free.text)
 
 
+async def test_the_shared_sampling_params_stay_as_built(engine: Engine) -> None:
+    # Every request of a spec runs on a copy of its prepared params that vLLM copies
+    # only shallowly (Prepared.request_params): what vLLM changes on its copy (the
+    # stop token ids it adds the model's end-of-sequence token to) must not reach them.
+    assert engine._tokenizer.eos_token_id is not None  # else vLLM adds nothing
+    spec = SamplingSpec(max_tokens=4, stop=["zz"])
+    results = await collect(engine, [chat(f"Say {i}.", spec) for i in range(8)])
+    assert all(r.error_class is None for r in results), results
+    assert engine._prepare(spec, chat=True).params == sampling_params(spec)
+    # Found again by the spec object, and an equal spec finds the same params.
+    assert engine._prepare(spec, chat=True) is engine._prepare(spec.model_copy(), chat=True)
+
+
 async def test_choice_answers_come_from_the_list(engine: Engine) -> None:
     requests = [
         chat(f"Company number {i}", SamplingSpec(choice=CHOICES, temperature=1.0, seed=i))

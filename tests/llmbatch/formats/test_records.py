@@ -36,3 +36,20 @@ def test_staged_request_keeps_its_sampling() -> None:
     loaded = list(load_jsonl(dump_jsonl(requests), StagedRequest))
     assert loaded == requests
     assert isinstance(loaded[0].sampling, SamplingSpec) and loaded[2].key == "ab" * 32
+
+
+def test_equal_staged_options_are_read_as_one_object() -> None:
+    # The engine worker finds a spec's prepared sampling by the spec object: the rows of
+    # an OpenAI batch file with equal options must share one.
+    short, long_ = SamplingSpec(max_tokens=16), SamplingSpec(max_tokens=32)
+    requests = [
+        StagedRequest(item_id=str(i), source="s", prompt=f"p{i}", sampling=sampling)
+        for i, sampling in enumerate([short, long_, short.model_copy(), None, long_])
+    ]
+    loaded = list(load_jsonl(dump_jsonl(requests), StagedRequest))
+    assert loaded == requests
+    assert loaded[0].sampling is loaded[2].sampling and loaded[1].sampling is loaded[4].sampling
+    assert loaded[0].sampling is not loaded[1].sampling and loaded[3].sampling is None
+    # Each read of an object validates its own.
+    again = list(load_jsonl(dump_jsonl(requests), StagedRequest))
+    assert again[0].sampling == loaded[0].sampling and again[0].sampling is not loaded[0].sampling
