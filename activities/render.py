@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from temporalio import activity
 
 from activities.context import ActivityContext
@@ -109,7 +110,7 @@ async def render_rows(
     )
 
 
-class _Repeated(StagedRow):
+class _Repeated(StagedRow, kw_only=True):
     fields_id: str
 
 
@@ -121,8 +122,7 @@ def _rename_repeated(
     for row in rows:
         if row.item_id in elsewhere:
             copy = _Repeated(
-                **row.model_dump(exclude={"item_id"}),
-                item_id=f"{row.item_id}#row-{row.ordinal}",
+                **{**msgspec.structs.asdict(row), "item_id": f"{row.item_id}#row-{row.ordinal}"},
                 fields_id=row.item_id,
             )
             repeated.append(copy)
@@ -169,7 +169,7 @@ def _render(
     dead: list[ledger.items.DeadItem] = []
     # Lines asking the same sampling share one object (openai_batch.parse), so whether
     # it is the job's own is worked out once per object, not once per row.
-    samplings: dict[str, SamplingSpec] = {}
+    samplings: dict[bytes, SamplingSpec] = {}
     own: dict[int, tuple[SamplingSpec, bool]] = {}
 
     def staged_sampling(sampling: SamplingSpec) -> SamplingSpec | None:

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from pydantic import BaseModel, ConfigDict
 
 from llmbatch.contract.names import model_identity
@@ -114,7 +115,7 @@ def parse(
     defaults: SamplingSpec,
     model: str,
     endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
-    samplings: dict[str, SamplingSpec] | None = None,
+    samplings: dict[bytes, SamplingSpec] | None = None,
 ) -> ParsedRequest:
     """Map one batch line of a job on ``model`` whose requests go to ``endpoint``
     (a plain job's: chat completions) to a request; raise InvalidRequest.
@@ -160,15 +161,19 @@ def parse(
 
 
 def _sampling_of(
-    body: dict[str, Any], defaults: SamplingSpec, samplings: dict[str, SamplingSpec] | None
+    body: dict[str, Any], defaults: SamplingSpec, samplings: dict[bytes, SamplingSpec] | None
 ) -> SamplingSpec:
     if samplings is None:
         return _sampling(body, defaults)
+    # Every body field _sampling reads: all but the prompt's and the model's.
+    fields = {k: v for k, v in body.items() if k not in NOT_SAMPLING_PARAMS}
     try:
-        # Every body field _sampling reads: all but the prompt's and the model's.
-        key = json.dumps(
-            {k: v for k, v in body.items() if k not in NOT_SAMPLING_PARAMS}, sort_keys=True
-        )
+        key = msgspec.json.encode(fields, order="sorted")
+        if b"null" in key:
+            # msgspec writes NaN and infinities as null too: such lines (and those with
+            # a null in them) are told apart by json's text, which has spaces after
+            # separators, so it never equals a compact key of msgspec's.
+            key = json.dumps(fields, sort_keys=True).encode()
     except (TypeError, ValueError):  # not plain JSON values: no shortcut
         return _sampling(body, defaults)
     sampling = samplings.get(key)

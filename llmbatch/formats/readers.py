@@ -10,6 +10,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 
 from llmbatch.contract.spec import InputFormat
@@ -117,6 +118,9 @@ def _read_records(
         ordinal += 1
 
 
+_decode_json = msgspec.json.Decoder().decode
+
+
 def _parse(
     data: bytes | None,
     *,
@@ -136,6 +140,16 @@ def _parse(
             ErrorClass.ROW_TOO_LARGE,
             f"row is over the {max_row_bytes:,}-byte limit ({size:,} bytes)",
         )
+    if header is None:
+        # The common case in C; what msgspec refuses (bad UTF-8, NaN, numbers past a
+        # float's range, lone surrogates) takes json's path below, with its rules and words.
+        try:
+            value = _decode_json(data)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            pass
+        else:
+            if isinstance(value, dict):
+                return value, None, None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -20,8 +21,10 @@ from llmbatch.formats.parquet import jsonable
 JSON_COLUMNS_KEY = b"llmbatch.json_columns"
 
 
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable).encode()
+# Output rows hold JSON values (input fields were made so when read, results come
+# from the ledger's jsonb); anything else is written as jsonable says. In C: json's
+# encoder was a tenth of the CPU worker's time on a cached job.
+_encoder = msgspec.json.Encoder(enc_hook=jsonable)
 
 
 def _lines(data: bytes) -> Iterator[bytes]:
@@ -33,7 +36,11 @@ def _lines(data: bytes) -> Iterator[bytes]:
 
 def write_jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
     """Rows as JSONL: UTF-8, one compact object a line, every line ending in ``\\n``."""
-    return b"".join(_dumps(row) + b"\n" for row in rows)
+    buffer = bytearray()
+    for row in rows:
+        _encoder.encode_into(row, buffer, -1)
+        buffer += b"\n"
+    return bytes(buffer)
 
 
 def read_jsonl_bytes(data: bytes) -> Iterator[dict[str, Any]]:
@@ -77,7 +84,7 @@ def write_parquet(
         values = [row.get(name) for row in rows]
         if _json_column(values):
             as_json.append(name)
-            values = [None if v is None else _dumps(v).decode() for v in values]
+            values = [None if v is None else _encoder.encode(v).decode() for v in values]
         columns[name] = values
     table = pa.table(columns) if columns else pa.table({})
     for name, (position, array) in (arrays or {}).items():

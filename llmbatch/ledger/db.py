@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import asyncpg
+import msgspec
 
 from llmbatch.contract.states import (
     TERMINAL_STATUSES,
@@ -34,8 +35,22 @@ async def transaction(db: Database) -> AsyncIterator[asyncpg.Connection]:
             yield db
 
 
+_decode = msgspec.json.Decoder().decode
+
+
+def _decode_jsonb(text: str) -> Any:
+    # In C (the results a shard's write step reads are most of what it decodes); a
+    # number past a float's range takes json's path, which reads it as infinity.
+    try:
+        return _decode(text)
+    except msgspec.DecodeError:
+        return json.loads(text)
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec(
+        "jsonb", encoder=json.dumps, decoder=_decode_jsonb, schema="pg_catalog"
+    )
 
 
 async def create_pool(

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmbatch import ledger
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.dedup import leads, result_cache
-from llmbatch.dedup.keys import cache_key, request_key, weights_fingerprint
+from llmbatch.dedup.keys import _dumps, cache_key, request_key, weights_fingerprint
 from llmbatch.devstack.tiny_model import build_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about ACME."}]
@@ -44,6 +47,23 @@ def test_the_request_key_covers_model_messages_sampling_and_constraint() -> None
     assert base == "75b6fac696ca217715426c56bb789a8b3e9454d354377f51465b61b6b85ae246"
     assert SamplingSpec().reproducible and SamplingSpec(temperature=0.7, seed=1).reproducible
     assert not SamplingSpec(temperature=0.7).reproducible
+
+
+# JSON values as messages, prompts and token ids hold them, floats among them: every
+# character (control characters, line and paragraph separators, astral ones) in text.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_JSON)
+def test_request_keys_hash_the_text_json_writes_whichever_encoder_writes_it(value: object) -> None:
+    # Keys (and the result cache behind them) must not change with the faster encoder.
+    assert _dumps(value) == json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
 
 
 async def test_a_model_rebuilt_with_other_weights_misses_the_cache(
