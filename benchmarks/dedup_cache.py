@@ -146,7 +146,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--model", help="model path; default the tiny local model")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of each llm-batch job")
-    parser.add_argument("--shard-size", type=int, default=SHARD_SIZE, help="rows per shard")
+    parser.add_argument(
+        "--shard-size", type=int, default=SHARD_SIZE, help="rows per shard (default: growing)"
+    )
     parser.add_argument(
         "--profile", type=Path, help="record the workers with py-spy in one more cached round"
     )
@@ -182,7 +184,7 @@ def main() -> None:
     peer, dedup = n / peer_s, n / float(ours["dedup_s"])  # type: ignore[arg-type]
     cached = n / float(ours["cached_s"])  # type: ignore[arg-type]
     print(f"\n{n} requests ({n // args.repeat} distinct), {args.max_tokens} max tokens, "
-          f"{args.shard_size} rows per shard, medians of {args.repeats} llm-batch rounds, "
+          f"{args.shard_size or 'growing'} rows per shard, medians of {args.repeats} llm-batch rounds, "
           f"load now {load()}:")  # fmt: skip
     print(f"  run-batch               {peer:8.1f} items/s")
     print(f"  llm-batch dedup         {dedup:8.1f} items/s   {dedup / peer:5.2f}x run-batch "

@@ -104,7 +104,7 @@ async def run(
     log_dir: Path,
     parts: dict[str, int],
     *,
-    shard_size: int,
+    shard_size: int | None,
     concurrent: int,
     every: float,
 ) -> None:
@@ -158,7 +158,7 @@ async def run(
         cpu_after = {name: cpu_seconds(pid) for name, pid in watched.items()}
         rss_end = {"cpu worker": rss_mb(cpu.pid), "gpu worker": rss_mb(gpu.pid)}
         bytes_after = await ledger_bytes(pool)
-        shards = -(-n // shard_size)
+        shards = len(await ledger.jobs.planned_shards(pool, job_id=spec.job_id))
         runs, shard_lengths = await history_lengths(client, spec.job_id, shards)
     await pool.close()
 
@@ -222,7 +222,7 @@ def main() -> None:
         storage.stores.open_store(data_uri, settings).put_file(data_uri, src)
         print(f"{n} requests ({args.distinct} distinct, {src.stat().st_size / 2**20:.0f} MiB) "
               f"written and uploaded in {time.monotonic() - began:.0f} s; "
-              f"{args.shard_size} rows per shard, {args.concurrent_shards} at once",
+              f"{args.shard_size or 'growing'} rows per shard, {args.concurrent_shards} at once",
               flush=True)  # fmt: skip
         asyncio.run(
             run(

@@ -35,6 +35,11 @@ ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
 # validation (run in workflows, which may not import I/O code) needs them too;
 # format detection imports them from here, so the two never disagree.
+# Shards of a job that sets no shard_size: the first this size, each next one twice
+# the one before, up to the largest (formats.shards.shard_rows works them out).
+AUTO_FIRST_SHARD_ROWS = 1000
+AUTO_LARGEST_SHARD_ROWS = 10_000
+
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json-lines", ".jsonlines")
 
 
@@ -332,8 +337,14 @@ class JobSpec(_Strict):
     sampling: SamplingSpec = Field(
         default_factory=SamplingSpec, description="Sampling and structured output."
     )
-    shard_size: int = Field(
-        default=1000, ge=1, le=100_000, description="Rows per shard: the unit of work and retry."
+    shard_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Rows per shard: the unit of work and retry. Unset, shards grow: "
+        f"the first has {AUTO_FIRST_SHARD_ROWS:,} rows, each next one twice as many, up to "
+        f"{AUTO_LARGEST_SHARD_ROWS:,} (the engine gets work at once, and a large job pays "
+        "each shard's fixed cost in Temporal, the ledger and storage seldom).",
     )
     max_concurrent_shards: int = Field(
         default=4, ge=1, le=500, description="Shards of the job that run at once."

@@ -3,8 +3,9 @@ writing output files.
 
 - :mod:`~llmbatch.formats.detection`: :func:`detect_format` (JSONL, CSV, Parquet,
   OpenAI batch JSONL).
-- :mod:`~llmbatch.formats.shards`: :func:`plan_shards` and :class:`ShardPlan`; streams
-  JSONL and CSV once (bounded memory), Parquet from its footer.
+- :mod:`~llmbatch.formats.shards`: :func:`plan_shards`, :func:`shard_rows` and
+  :class:`ShardPlan`; streams JSONL and CSV once (bounded memory), Parquet from its
+  footer.
 - :mod:`~llmbatch.formats.readers`: :func:`read_shard` yields :class:`SourceRow`; bad
   rows come back with an error and their line, never raise.
 - :mod:`~llmbatch.formats.writers`: output JSONL/Parquet (staged records between a
@@ -34,7 +35,7 @@ from llmbatch.formats.readers import (
     sample_objects,
     sample_row,
 )
-from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, plan_shards
+from llmbatch.formats.shards import CHUNK_BYTES, ShardPlan, plan_shards, shard_rows
 from llmbatch.formats.writers import (
     read_jsonl_bytes,
     read_parquet_bytes,
@@ -56,6 +57,7 @@ __all__ = [
     "has_rows",
     "iter_lines",
     "plan_shards",
+    "shard_rows",
     "read_jsonl_bytes",
     "read_parquet_bytes",
     "read_shard",

@@ -1,4 +1,5 @@
-"""Splitting inputs into shards of at most ``shard_size`` rows, without loading them.
+"""Splitting inputs into shards (of a job's ``shard_size`` rows, or growing ones when it
+sets none, :func:`shard_rows`), without loading them.
 
 JSONL and CSV are streamed once, in chunks, and cut at record boundaries into byte
 ranges; a CSV's header is read once and written into every one of its shards.
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from llmbatch.contract.spec import InputFormat
+from llmbatch.contract.spec import AUTO_FIRST_SHARD_ROWS, AUTO_LARGEST_SHARD_ROWS, InputFormat
 from llmbatch.formats.detection import UTF8_BOM, FormatError, csv_delimiter
 from llmbatch.formats.parquet import open_parquet, row_group_starts
 from llmbatch.formats.scanning import iter_chunks, scan_records
@@ -56,33 +57,51 @@ class ShardPlan(BaseModel):
     id_field: str | None = Field(default=None, description="Table: the key column.")
 
 
+def shard_rows(shard_size: int | None, index: int) -> int:
+    """The rows of shard ``index`` (from 0) of a job whose spec asks ``shard_size``:
+    that many, or when unset :data:`AUTO_FIRST_SHARD_ROWS` doubling to
+    :data:`AUTO_LARGEST_SHARD_ROWS`."""
+    if shard_size is not None:
+        return shard_size
+    if index >= 8:  # 1000 << 8 is past any sensible largest shard
+        return AUTO_LARGEST_SHARD_ROWS
+    return min(AUTO_FIRST_SHARD_ROWS << index, AUTO_LARGEST_SHARD_ROWS)
+
+
 def plan_shards(
     store: ObjectStore | StoreFor,
     objects: list[ObjectInfo],
     fmt: InputFormat,
     *,
-    shard_size: int,
+    shard_size: int | None,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> list[ShardPlan]:
-    """Shards of at most ``shard_size`` rows over ``objects``, in order.
+    """Shards of :func:`shard_rows` rows (the last of an object may have fewer) over
+    ``objects``, in order.
 
     ``store`` is the store of every object, or a function giving each object's store
     (inputs may mix schemes). Raises :class:`FormatError` for a file that cannot be
     planned (a Parquet file that is not one, a broken CSV header).
     """
-    if shard_size < 1:
+    if shard_size is not None and shard_size < 1:
         raise ValueError("shard_size must be at least 1")
     store_for = store if callable(store) else _always(store)
     plans: list[ShardPlan] = []
     first_row = 0
     for obj in objects:
         object_store = store_for(obj.uri)
+        # Sizes go on from the shards of the objects before.
+        offset = len(plans)
+
+        def rows_of(index: int, offset: int = offset) -> int:
+            return shard_rows(shard_size, offset + index)
+
         if fmt is InputFormat.PARQUET:
-            new = _plan_parquet(object_store, obj, shard_size=shard_size)
+            new = _plan_parquet(object_store, obj, rows_of=rows_of)
         else:
             delimiter = csv_delimiter(obj.uri) if fmt is InputFormat.CSV else None
             new = _plan_records(
-                object_store, obj, delimiter=delimiter, shard_size=shard_size,
+                object_store, obj, delimiter=delimiter, rows_of=rows_of,
                 chunk_bytes=chunk_bytes,
             )  # fmt: skip
         for plan in new:
@@ -102,7 +121,7 @@ def _plan_records(
     obj: ObjectInfo,
     *,
     delimiter: str | None,
-    shard_size: int,
+    rows_of: Callable[[int], int],
     chunk_bytes: int,
 ) -> list[ShardPlan]:
     # Skip a byte order mark here, so no reader ever sees it.
@@ -121,7 +140,7 @@ def _plan_records(
             start, line = record.start, record.line
         rows += 1
         end = record.end
-        if rows == shard_size:
+        if rows == rows_of(len(plans)):
             plans.append(_plan(obj, start, end, line, rows, header, delimiter))
             rows = 0
     if rows:
@@ -170,14 +189,17 @@ def parse_header(data: bytes, uri: str, delimiter: str) -> list[str]:
     return header
 
 
-def _plan_parquet(store: ObjectStore, obj: ObjectInfo, *, shard_size: int) -> list[ShardPlan]:
+def _plan_parquet(
+    store: ObjectStore, obj: ObjectInfo, *, rows_of: Callable[[int], int]
+) -> list[ShardPlan]:
     metadata = open_parquet(store, obj.uri, obj.size).metadata
     starts = row_group_starts(metadata)
     total = starts[-1]
-    plans = []
+    plans: list[ShardPlan] = []
     group = 0
-    for offset in range(0, total, shard_size):
-        count = min(shard_size, total - offset)
+    offset = 0
+    while offset < total:
+        count = min(rows_of(len(plans)), total - offset)
         while starts[group + 1] <= offset:
             group += 1
         last = group
@@ -195,4 +217,5 @@ def _plan_parquet(store: ObjectStore, obj: ObjectInfo, *, shard_size: int) -> li
                 row_group_end=last + 1,
             )
         )
+        offset += count
     return plans

@@ -1,6 +1,6 @@
 """A Postgres table or read-only query as a job's input.
 
-Shards are key ranges: planning reads every ``shard_size``-th key of the id column
+Shards are key ranges: planning reads the key of the id column that ends each shard
 (one window query, on the server) and the largest key; shard ``i`` is the rows with
 ``bound[i-1] < key <= bound[i]``, read when the shard runs with keyset pagination
 (``WHERE key > $1 AND key <= $2 ORDER BY key``) through a server-side cursor, so
@@ -31,7 +31,7 @@ import asyncpg
 from llmbatch.contract.states import ErrorClass
 from llmbatch.contract.tables import TableUri, quote_ident
 from llmbatch.formats.readers import SourceRow
-from llmbatch.formats.shards import ShardPlan
+from llmbatch.formats.shards import ShardPlan, shard_rows
 from llmbatch.tables.connect import TableError
 
 CURSOR_PREFETCH = 1000
@@ -114,16 +114,22 @@ def _from(table: TableUri) -> str:
 
 
 async def plan_key_ranges(
-    conn: asyncpg.Connection, table: TableUri, info: SourceInfo, *, shard_size: int
+    conn: asyncpg.Connection, table: TableUri, info: SourceInfo, *, shard_size: int | None
 ) -> list[ShardPlan]:
-    """Shards of ``shard_size`` rows as key ranges, planned on the server."""
+    """Shards of :func:`llmbatch.formats.shards.shard_rows` rows as key ranges, planned
+    on the server: the row numbers that end a shard are those of the growing first
+    shards, then every ``steady``-th after them."""
+    ends, steady = _shard_ends(shard_size)
     k = f"src.{quote_ident(info.key)}"
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         rows = await conn.fetch(
             f"SELECT b::text AS bound, n FROM (SELECT {k} AS b, row_number() OVER"
             f" (ORDER BY {k}) AS n, count(*) OVER () AS total FROM {_from(table)}) s"
-            " WHERE n % $1 = 0 OR n = total ORDER BY n",
-            shard_size,
+            " WHERE n = ANY($1::bigint[]) OR (n > $2 AND (n - $2) % $3 = 0) OR n = total"
+            " ORDER BY n",
+            ends,
+            ends[-1] if ends else 0,
+            steady,
         )
     plans: list[ShardPlan] = []
     after: str | None = None
@@ -145,6 +151,18 @@ async def plan_key_ranges(
         )
         after, done = row["bound"], row["n"]
     return plans
+
+
+def _shard_ends(shard_size: int | None) -> tuple[list[int], int]:
+    """(the row numbers ending the shards before sizes stop changing, the size from
+    then on)."""
+    ends: list[int] = []
+    index, done = 0, 0
+    while (size := shard_rows(shard_size, index)) != shard_rows(shard_size, index + 1):
+        done += size
+        ends.append(done)
+        index += 1
+    return ends, size
 
 
 async def read_shard(
