@@ -52,8 +52,20 @@ MAX_IN_FLIGHT = 48
 HOLDING = SHARDS_AT_ONCE * (MAX_IN_FLIGHT + FLUSH_EVERY_ITEMS) + 1
 
 
+@dataclass(frozen=True)
+class Size:
+    """A drained job's rows, their shards, and when the worker is stopped: once
+    ``after`` items succeeded, while it holds at least ``holding`` claimed items."""
+
+    rows: int = ROWS
+    shard: int = SHARD
+    after: int = ROWS // 6
+    holding: int = HOLDING
+
+
 @dataclass
 class Drained:
+    rows_total: int
     exit_code: int
     drain_s: float
     succeeded_at_signal: int
@@ -81,9 +93,10 @@ async def _run(
     max_tokens: int,
     params: dict[str, Any] | None = None,
     max_num_seqs: int = 64,
+    size: Size = Size(),
 ) -> Drained:
     source = tmp_path / "rows.jsonl"
-    source.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(ROWS)))
+    source.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(size.rows)))
     spec = JobSpec(
         job_id=f"drain-{uuid.uuid4().hex[:8]}",
         inputs=[str(source)],
@@ -91,12 +104,18 @@ async def _run(
         model=model,
         sampling=SamplingSpec(max_tokens=max_tokens, temperature=1.0, params=params),
         dedup=False,  # every item its own engine request: requests - items = redone
-        shard_size=SHARD,
+        shard_size=size.shard,
         max_concurrent_shards=SHARDS_AT_ONCE,
         output_uri=f"file://{tmp_path / 'out'}",
     )
     return await _drain_mid_job(
-        stack, client, spec, tmp_path, drain_timeout=drain_timeout, max_num_seqs=max_num_seqs
+        stack,
+        client,
+        spec,
+        tmp_path,
+        drain_timeout=drain_timeout,
+        max_num_seqs=max_num_seqs,
+        size=size,
     )
 
 
@@ -108,6 +127,7 @@ async def _drain_mid_job(
     *,
     drain_timeout: float,
     max_num_seqs: int = 64,
+    size: Size,
 ) -> Drained:
     model = spec.model
     ready = tmp_path / "ready"
@@ -128,7 +148,9 @@ async def _drain_mid_job(
         # Frozen while it holds more than it can have submitted, and signalled while
         # frozen: the signal is taken as the group wakes, before the worker can finish
         # its shards (on a quiet machine it did, between a poll and a signal).
-        held = await stop_holding_items(pool, spec.job_id, first, after=ROWS // 6, holding=HOLDING)
+        held = await stop_holding_items(
+            pool, spec.job_id, first, after=size.after, holding=size.holding
+        )
         at_signal = held.succeeded
         engine = psutil.Process(first.pid).children(recursive=True)
         ready_while_running = ready.exists()
@@ -142,7 +164,7 @@ async def _drain_mid_job(
         _, alive = psutil.wait_procs(engine, timeout=10)
         second = gpu_worker_process(stack, model, second_log)
         summary = await asyncio.wait_for(job_result(handle), 900)
-        assert (summary.items_succeeded, summary.items_dead) == (ROWS, 0)
+        assert (summary.items_succeeded, summary.items_dead) == (size.rows, 0)
         rows = await items_by_id(pool, spec.job_id)
         usage = await ledger.usage.usage(pool, job_id=spec.job_id)
     finally:
@@ -157,6 +179,7 @@ async def _drain_mid_job(
             assert row["item_id"] not in output, f"{row['item_id']} written twice"
             output[row["item_id"]] = row["text"]
     return Drained(
+        rows_total=size.rows,
         exit_code=exit_code,
         drain_s=drain_s,
         succeeded_at_signal=at_signal,
@@ -172,7 +195,8 @@ async def _drain_mid_job(
 
 
 def _check_every_item_once(run: Drained) -> None:
-    assert len(run.rows) == ROWS and {r["status"] for r in run.rows.values()} == {"succeeded"}
+    assert len(run.rows) == run.rows_total
+    assert {r["status"] for r in run.rows.values()} == {"succeeded"}
     assert run.output == {i: r["result"]["text"] for i, r in run.rows.items()}
     # The stop cost no item an attempt: what was given back was not counted.
     assert {r["attempt"] for r in run.rows.values()} == {1}
@@ -219,6 +243,10 @@ async def test_drain_shorter_than_the_work_in_flight_aborts_and_loses_nothing(
     # where the engine's threads starved the worker's loop. Either way the attempt
     # logs what it gave back, and nothing below depends on which came first.
     drain_timeout = 10.0
+    # Two shards of 96 rows, 48 of each in flight: what is in the engine at the signal
+    # is aborted at the deadline and given back with the rest. Small, because every
+    # item is long and the next worker runs what is left (1,200 rows took 5 minutes).
+    size = Size(rows=4 * MAX_IN_FLIGHT, shard=2 * MAX_IN_FLIGHT, after=4, holding=1)
     run = await _run(
         stack,
         temporal_client,
@@ -231,14 +259,15 @@ async def test_drain_shorter_than_the_work_in_flight_aborts_and_loses_nothing(
         max_tokens=400,
         params={"ignore_eos": True},
         max_num_seqs=4,
+        size=size,
     )
     _check_every_item_once(run)
-    redone = run.engine_requests - ROWS
+    redone = run.engine_requests - size.rows
     print(
         f"\ndrain cut short ({drain_timeout:g} s): {run.succeeded_at_signal} done at "
         f"SIGTERM, {run.succeeded_at_exit} at exit {run.drain_s:.1f} s later "
-        f"(exit {run.exit_code}); engine requests {run.engine_requests} for {ROWS} items, "
-        f"{redone} redone\n{run.lines('drain')}"
+        f"(exit {run.exit_code}); engine requests {run.engine_requests} for {size.rows} "
+        f"items, {redone} redone\n{run.lines('drain')}"
     )
     assert "aborted at the drain deadline" in run.log
     # Within the grace: the drain timeout, the engine's shutdown and Python's exit.
