@@ -57,12 +57,12 @@ __all__ = [
     "has_rows",
     "iter_lines",
     "plan_shards",
-    "shard_rows",
     "read_jsonl_bytes",
     "read_parquet_bytes",
     "read_shard",
     "sample_objects",
     "sample_row",
+    "shard_rows",
     "write_jsonl",
     "write_parquet",
 ]
