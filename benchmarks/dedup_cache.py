@@ -184,7 +184,8 @@ def main() -> None:
     peer, dedup = n / peer_s, n / float(ours["dedup_s"])  # type: ignore[arg-type]
     cached = n / float(ours["cached_s"])  # type: ignore[arg-type]
     print(f"\n{n} requests ({n // args.repeat} distinct), {args.max_tokens} max tokens, "
-          f"{args.shard_size or 'growing'} rows per shard, medians of {args.repeats} llm-batch rounds, "
+          f"{args.shard_size or 'growing'} rows per shard, "
+          f"medians of {args.repeats} llm-batch rounds, "
           f"load now {load()}:")  # fmt: skip
     print(f"  run-batch               {peer:8.1f} items/s")
     print(f"  llm-batch dedup         {dedup:8.1f} items/s   {dedup / peer:5.2f}x run-batch "

@@ -90,7 +90,9 @@ def dump_jsonl(records: Iterable[_Staged]) -> bytes:
             raise TypeError(f"cannot stage a {type(value).__name__}")
         hit = dumped.get(id(value))
         if hit is None or hit[0] is not value:
-            hit = dumped[id(value)] = (value, value.model_dump(mode="json"))
+            # Fields left at their defaults are not written: the job's options and a
+            # line's few own ones are most of a staged request's bytes otherwise.
+            hit = dumped[id(value)] = (value, value.model_dump(mode="json", exclude_defaults=True))
         return hit[1]
 
     encoder = msgspec.json.Encoder(enc_hook=options)
