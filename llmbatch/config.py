@@ -248,11 +248,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Batches of one project that may be unfinished at once; one more answers 429.",
     )
-    api_shard_size: int = Field(
-        default=1000,
+    api_shard_size: int | None = Field(
+        default=None,
         ge=1,
         le=100_000,
-        description="Requests per shard of an API batch (a job's shard_size).",
+        description="Requests per shard of an API batch (a job's shard_size). Unset: "
+        "shards grow from 1,000 requests to 10,000, as a job's do.",
     )
     api_max_concurrent_shards: int = Field(
         default=4,
