@@ -3,6 +3,10 @@
 These models are the public API. They travel as Temporal workflow input (JSON), so a
 service in any language can start a job with a dict matching ``llm-batch schema``.
 Everything here is pure data and validation: no I/O, safe to import in workflows.
+
+About 600 lines, on purpose: the spec and the option models nested in it are one
+public schema (``llm-batch schema`` and the job-spec reference are generated from it),
+read and changed together.
 """
 
 from __future__ import annotations
