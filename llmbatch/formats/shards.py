@@ -63,9 +63,8 @@ def shard_rows(shard_size: int | None, index: int) -> int:
     :data:`AUTO_LARGEST_SHARD_ROWS`."""
     if shard_size is not None:
         return shard_size
-    if index >= 8:  # 1000 << 8 is past any sensible largest shard
-        return AUTO_LARGEST_SHARD_ROWS
-    return min(AUTO_FIRST_SHARD_ROWS << index, AUTO_LARGEST_SHARD_ROWS)
+    # The shift is bounded: shard 100,000's would be an integer of 100,000 bits.
+    return min(AUTO_FIRST_SHARD_ROWS << min(index, 32), AUTO_LARGEST_SHARD_ROWS)
 
 
 def plan_shards(
