@@ -24,7 +24,8 @@ def spec(**overrides: Any) -> JobSpec:
 
 def test_a_minimal_spec_has_working_defaults() -> None:
     s = spec()
-    assert s.sampling.temperature == 0.0 and s.shard_size == 1000
+    # No shard_size: shards grow (llmbatch.formats.shards.shard_rows).
+    assert s.sampling.temperature == 0.0 and s.shard_size is None
     assert s.output_format == "jsonl"
 
 
