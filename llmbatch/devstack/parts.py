@@ -534,7 +534,9 @@ class SeaweedPart(Part):
         config.write_text(json.dumps(identity))
         p = self.ports
         argv = [
-            find_binary("weed", self.name, self.log), "mini", f"-dir={self.data}",
+            # -logdir: by default weed writes its glog files into /tmp, outside the stack.
+            find_binary("weed", self.name, self.log), f"-logdir={self.log.parent}",
+            "mini", f"-dir={self.data}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-s3.port={s.s3_port}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
             f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
