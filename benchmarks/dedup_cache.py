@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import chat_lines, cpu_seconds, load, profiled, run_batch
+from peer import chat_lines, cpu_seconds, finished, load, profiled, run_batch
 
 from llmbatch import storage
 from llmbatch.client.temporal import connect, start_job
@@ -198,6 +198,8 @@ def main() -> None:
         print(f"    {name:28s} {ms:7.3f}")
     print(f"    {'total (median of sums)':28s} {float(ours['cpu_ms_total']):7.3f}")  # type: ignore[arg-type]
     print(f"    (the GPU worker's idle engine processes: {ours['engine_cpu_ms_per_item']:.3f})")
+
+    finished(work)
 
 
 if __name__ == "__main__":

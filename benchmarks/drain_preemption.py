@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from peer import finished
+
 from llmbatch import ledger, storage
 from llmbatch.client.temporal import connect, start_job
 from llmbatch.config import Settings
@@ -171,7 +173,7 @@ def main() -> None:
         asyncio.run(bench(args, settings, model, work))
     finally:
         dev.down()
-    print(f"logs: {work / 'logs'}")
+    finished(work)
 
 
 if __name__ == "__main__":

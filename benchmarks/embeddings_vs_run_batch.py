@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import TOPICS, PeakRss, run_batch
+from peer import TOPICS, PeakRss, finished, run_batch
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -178,6 +178,8 @@ def main() -> None:
         print(f"\nllm-batch alone on {args.large} rows: {args.large / seconds:.1f} items/s")
         print(f"  workers' peak RSS: {small / gib:.2f} GiB at {n} rows, {rss / gib:.2f} GiB at "
               f"{args.large} rows ({(rss / small - 1) * 100:+.1f}%)")  # fmt: skip
+
+    finished(work)
 
 
 if __name__ == "__main__":

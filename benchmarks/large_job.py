@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import cpu_seconds, iter_chat_lines, load
+from peer import cpu_seconds, finished, iter_chat_lines, load
 from temporalio.client import Client
 
 from llmbatch import ledger, storage
@@ -232,6 +232,8 @@ def main() -> None:
         )  # fmt: skip
     finally:
         dev.down()
+
+    finished(work)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,20 @@ TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music",
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
+# Set to keep a benchmark's folder (its stack's data, model, inputs and logs) after it
+# ends well; one that fails keeps it anyway, for its logs.
+KEEP_ENV = "LLMBATCH_BENCH_KEEP"
+
+
+def finished(work: Path) -> None:
+    """The last step of a benchmark that ended well: its folder is removed (a run of ten
+    million items leaves about 15 GB there) unless :data:`KEEP_ENV` is set."""
+    if os.environ.get(KEEP_ENV):
+        print(f"kept: {work}")
+        return
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"removed {work} ({KEEP_ENV}=1 keeps it)")
+
 
 def cpu_seconds(pid: int, *, descendants: bool = True) -> float:
     """utime + stime (and reaped children's) of ``pid`` and, with ``descendants``, of

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from peer import finished
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -316,6 +317,8 @@ def main() -> None:
         asyncio.run(bench(args, settings, model, work))
     finally:
         dev.down()
+
+    finished(work)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from peer import finished  # noqa: E402
+
 from llmbatch import ledger  # noqa: E402
 from llmbatch.client.temporal import connect, start_job  # noqa: E402
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec  # noqa: E402
@@ -356,6 +358,7 @@ async def run(args: argparse.Namespace) -> None:
             server.terminate()
             server.wait(30)
         DevStack(settings).down()
+    finished(work)
 
 
 def main() -> None:

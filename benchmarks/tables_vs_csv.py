@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from peer import finished
 
 from llmbatch import formats, storage
 from llmbatch.config import Settings
@@ -185,6 +186,8 @@ def main() -> None:
     print(f"  read  CSV in S3       {n / csv_read_s:10,.0f} rows/s  ({csv_read_s:.2f} s)")
     print(f"  write Postgres table  {n / table_write_s:10,.0f} rows/s  ({table_write_s:.2f} s)")
     print(f"  write CSV parts to S3 {n / csv_write_s:10,.0f} rows/s  ({csv_write_s:.2f} s)")
+
+    finished(work)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 # benchmarks/peer.py: a script's own folder is on its import path.
-from peer import PeerRun, asyncllm_loop, chat_lines, cpu_seconds, load, profiled, run_batch
+from peer import (
+    PeerRun,
+    asyncllm_loop,
+    chat_lines,
+    cpu_seconds,
+    finished,
+    load,
+    profiled,
+    run_batch,
+)
 from timeline import job_timeline
 
 from llmbatch import storage
@@ -296,6 +305,8 @@ def _rounds(
         )
         print(f"  ratio API / llm-batch submit: {api_excl / excl['llm-batch']:.2f}x, "
               f"API / run-batch: {api_excl / excl['run-batch']:.2f}x (excl. load)")  # fmt: skip
+
+    finished(work)
 
 
 if __name__ == "__main__":
