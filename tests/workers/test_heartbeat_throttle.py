@@ -23,12 +23,17 @@ from workflows.options import HEARTBEAT_TIMEOUT
 
 RUN_S = 14.0
 
+# When each run's activity began beating (by workflow id): the test counts RUN_S from
+# there, not from the start of the workflow, which a loaded machine can delay by 10 s.
+BEGAN: dict[str, asyncio.Event] = {}
+
 
 @activity.defn(name="beat_for_a_while")
 async def beat_for_a_while() -> None:
     # As generate's heartbeat loop does: a beat every heartbeat_interval().
     loop = asyncio.get_running_loop()
-    until = loop.time() + RUN_S + 5
+    BEGAN[activity.info().workflow_id].set()
+    until = loop.time() + RUN_S + 20  # still beating when the test looks, however slow
     while loop.time() < until:
         activity.heartbeat()
         await asyncio.sleep(heartbeat_interval())
@@ -46,7 +51,7 @@ class BeatForAWhile:
 
 
 async def _last_heartbeat_age(client: Client, throttle: timedelta | None) -> float:
-    """Seconds since Temporal recorded the activity's last beat, RUN_S into it."""
+    """Seconds since Temporal recorded the activity's last beat, RUN_S after its first."""
     queue = f"heartbeat-throttle-{uuid.uuid4().hex[:8]}"
     options = {} if throttle is None else {"max_heartbeat_throttle_interval": throttle}
     async with Worker(
@@ -56,9 +61,11 @@ async def _last_heartbeat_age(client: Client, throttle: timedelta | None) -> flo
         activities=[beat_for_a_while],
         **options,  # type: ignore[arg-type]
     ):
+        began = BEGAN[queue] = asyncio.Event()
         handle = await client.start_workflow(
             BeatForAWhile.run, id=queue, task_queue=queue, execution_timeout=timedelta(minutes=2)
         )
+        await asyncio.wait_for(began.wait(), timeout=60)
         await asyncio.sleep(RUN_S)
         pending = (await handle.describe()).raw_description.pending_activities
         await handle.terminate()
