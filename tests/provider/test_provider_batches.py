@@ -32,6 +32,8 @@ from tests.fixtures.worker_processes import (
 from tests.provider.conftest import Provider, provider_batches, rows_of, wrong_url_on_every_line
 from tests.remote.conftest import add_endpoint, cli, job, output_ids
 
+pytestmark = pytest.mark.slow
+
 
 async def test_job_via_batch_runs_once_with_one_provider_batch_per_shard(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path

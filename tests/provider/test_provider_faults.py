@@ -32,6 +32,8 @@ from tests.fixtures.worker_processes import (
 from tests.provider.conftest import Provider, provider_batches, rows_of, wrong_url_on_every_line
 from tests.remote.conftest import add_endpoint, cli, job, output_ids
 
+pytestmark = pytest.mark.slow
+
 
 async def test_the_cpu_worker_killed_while_recording_a_finished_batch_records_each_item_once(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path

@@ -22,6 +22,8 @@ from tests.fixtures.openai_server import CANARY_KEY
 from tests.fixtures.worker_processes import job_result
 from tests.remote.conftest import RemoteCase, cli, until_paused
 
+pytestmark = pytest.mark.slow
+
 # A text far past the tiny model's 512-token context: the server refuses it (400).
 TOO_LONG = "word " * 700
 
