@@ -113,6 +113,7 @@ def load_jsonl(data: bytes, model: type[M]) -> Iterator[M]:
 
     def options(kind: type, raw: Any) -> Any:
         if kind not in _OPTIONS:
+            # msgspec's dec_hook protocol for a type the hook does not decode (not a stub).
             raise NotImplementedError(kind)
         key = kind.__name__.encode() + _encode_key(raw)
         value = known.get(key)
