@@ -14,6 +14,16 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
+# Every make target runs this first: when neither the dependencies, this script nor
+# the extra changed since the last install that finished, there is nothing to do (pip
+# took 20-30 s to find that out, four times a CI run). Remove the stamp to reinstall.
+STAMP="$VENV/.llmbatch-setup"
+WANT="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $EXTRA"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+    echo "llm-batch is installed in $VENV"
+    exit 0
+fi
+
 # Editable, so edits to the checkout take effect without reinstalling. `local` brings the
 # embedded stack's servers (`llm-batch dev up`, the demo, the tests); `dev` the test tools;
 # `docs` MkDocs Material, which the tests use to build the docs site.
@@ -32,4 +42,5 @@ if [ "$EXTRA" = "cpu" ]; then
             || echo "libtcmalloc-minimal4 not installed: the engine runs on glibc malloc" >&2
     fi
 fi
+echo "$WANT" > "$STAMP"
 echo "llm-batch is installed in $VENV"
