@@ -16,11 +16,9 @@ demo: setup
 # Two test processes (pytest-xdist), a whole file at a time, each with a stack of its
 # own: most tests wait on servers and workers, so two share the 2 cores well (a full
 # run took 54 min in one process, 38 in two). TEST_PROCESSES=0 runs them in this one.
-# Files are handed out in the order tests/conftest.py gives, longest first: xdist's own
-# reorder (most tests first) put the long fault-test files, which have one or two, last.
 TEST_PROCESSES ?= 2
 test: setup
-	$(VENV)/bin/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff format --check .

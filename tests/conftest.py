@@ -49,22 +49,3 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(own, ignore_errors=True)
     else:
         session.config.get_terminal_writer().line(f"test folders and server logs: {own}")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest files first. `make test` hands whole files to two processes in this
-    order, and a long file taken last keeps the run going while the other process is
-    idle: the fault tests of tests/workers (each starts and kills worker processes,
-    1.5-5 min a file) go first, then the files with other slow tests, then the rest."""
-
-    def weight(item: pytest.Item) -> int:
-        if item.get_closest_marker("slow") is None:
-            return 2
-        return 0 if item.nodeid.startswith("tests/workers/") else 1
-
-    by_file: dict[str, int] = {}
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        by_file[path] = min(by_file.get(path, 2), weight(item))
-    # Stable: tests keep their order within a file, and files within a weight.
-    items.sort(key=lambda item: by_file[item.nodeid.split("::", 1)[0]])
