@@ -233,6 +233,7 @@ def main() -> None:
         _rounds(args, settings, work, parts)
     finally:
         dev.down()
+    finished(work)
 
 
 def _rounds(
@@ -305,8 +306,6 @@ def _rounds(
         )
         print(f"  ratio API / llm-batch submit: {api_excl / excl['llm-batch']:.2f}x, "
               f"API / run-batch: {api_excl / excl['run-batch']:.2f}x (excl. load)")  # fmt: skip
-
-    finished(work)
 
 
 if __name__ == "__main__":

@@ -36,14 +36,14 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 # Endpoint names (llm-batch endpoint add): readable in task queue names, no "/".
 ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
-# The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
-# validation (run in workflows, which may not import I/O code) needs them too;
-# format detection imports them from here, so the two never disagree.
 # Shards of a job that sets no shard_size: the first this size, each next one twice
 # the one before, up to the largest (formats.shards.shard_rows works them out).
 AUTO_FIRST_SHARD_ROWS = 1000
 AUTO_LARGEST_SHARD_ROWS = 10_000
 
+# The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
+# validation (run in workflows, which may not import I/O code) needs them too;
+# format detection imports them from here, so the two never disagree.
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json-lines", ".jsonlines")
 
 
