@@ -62,13 +62,9 @@ class ProviderRecorder(Recorder):
         self, ctx: RecordingContext, input: ShardInput, lease: str, *, endpoint: Endpoint
     ) -> None:
         super().__init__(ctx, input, lease, GenerateProgress(), [])
-        self._weights = weights_of(endpoint, input.spec.model)
-
-
-def weights_of(endpoint: Endpoint, model: str) -> str:
-    # The remote engine's key (llmbatch.remote.engine): online and batch answers of
-    # one endpoint and model share the result cache.
-    return f"endpoint:{endpoint.base_url}:{model}"
+        # The remote engine's (llmbatch.remote.engine): online and batch answers of
+        # one endpoint and model share the result cache.
+        self._weights = endpoint.weights(input.spec.model)
 
 
 class ProviderBatchActivities:
@@ -227,7 +223,7 @@ class ProviderBatchActivities:
         todo = [r for r in staged.values() if r.item_id in claimed]
         recorder = ProviderRecorder(self._ctx, shard, lease, endpoint=endpoint)
         groups = await groups_to_run(
-            self._ctx, spec, todo, recorder, weights=weights_of(endpoint, spec.model)
+            self._ctx, spec, todo, recorder, weights=endpoint.weights(spec.model)
         )
         lines: list[bytes] = []
         url: str | None = None

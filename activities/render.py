@@ -1,7 +1,14 @@
-"""render_prompts: turn staged rows into generation requests, register them in the ledger."""
+"""render_prompts: turn staged rows into generation requests, register them in the ledger.
+
+Requests another shard of the job already answered, or the result cache holds, are
+answered here, as a generate attempt would answer them
+(:func:`llmbatch.dedup.coordination.render_answers`): written to the ledger once,
+succeeded, and never staged for the generate step, which a shard answered whole skips.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,9 +21,12 @@ from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec, SamplingSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
+from llmbatch.dedup import result_cache
+from llmbatch.dedup.coordination import RenderAnswers, render_answers
 from llmbatch.dedup.keys import request_key
 from llmbatch.formats import openai_batch
 from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
+from llmbatch.ledger.served_models import cache_policy
 from llmbatch.rendering.pool import Rendered, RenderPool
 from llmbatch.rendering.templates import TemplateError
 
@@ -38,8 +48,16 @@ class RenderActivities:
             shard=shard,
             overrides=input.sampling_overrides,
         )
+        answers = render_answers(
+            spec, await cache_policy(self._ctx.pool, task_queue=input.gpu_task_queue)
+        )
+        items = _new_items(spec, rows, requests, answers)
         registered = await ledger.items.register_items(
-            self._ctx.pool, job_id=spec.job_id, shard=shard, items=_new_items(spec, rows, requests)
+            self._ctx.pool,
+            job_id=spec.job_id,
+            shard=shard,
+            items=items,
+            anonymous=answers is not None and answers.anonymous,
         )
         if registered.elsewhere:
             # Another shard has these ids: the copies here get ids of their own (by
@@ -56,13 +74,17 @@ class RenderActivities:
                         source=row.source,
                     )
                 )
+            items = _new_items(spec, rows, requests, answers)
             registered = await ledger.items.register_items(
                 self._ctx.pool,
                 job_id=spec.job_id,
                 shard=shard,
-                items=_new_items(spec, rows, requests),
+                items=items,
+                anonymous=answers is not None and answers.anonymous,
             )
         done = registered.done
+        if registered.answered:
+            await self._answered(spec, registered.answered, items, done)
         todo_dead = [d for d in dead if d.item_id not in done]
         if todo_dead:
             marked = await ledger.items.record_dead(
@@ -77,6 +99,33 @@ class RenderActivities:
             job_id=spec.job_id, shard=shard, rows=len(rows), requests=len(todo), dead=len(todo_dead)
         )
         return RenderResult(to_generate=len(todo), already_done=len(done), dead=len(todo_dead))
+
+    async def _answered(
+        self,
+        spec: JobSpec,
+        answered: list[ledger.items.Answered],
+        items: list[ledger.items.NewItem],
+        done: set[str],
+    ) -> None:
+        """Count what was answered: the items' metrics, and the cache entries' hits."""
+        metrics = telemetry.metrics()
+        for group in answered:
+            metrics.count_items(
+                group.items,
+                job_id=spec.job_id,
+                model=spec.model,
+                status=ItemStatus.SUCCEEDED,
+                source=group.source,
+            )
+            metrics.count_tokens(
+                prompt=group.prompt_tokens,
+                completion=group.completion_tokens,
+                job_id=spec.job_id,
+                model=spec.model,
+                reused=True,
+            )
+        uses = Counter(i.cache_key for i in items if i.cache_key and i.item_id in done)
+        await result_cache.count_hits(self._ctx.pool, uses=uses)
 
 
 async def render_rows(
@@ -133,14 +182,22 @@ def _rename_repeated(
 
 
 def _new_items(
-    spec: JobSpec, rows: list[StagedRow], requests: dict[str, StagedRequest]
+    spec: JobSpec,
+    rows: list[StagedRow],
+    requests: dict[str, StagedRequest],
+    answers: RenderAnswers | None,
 ) -> list[ledger.items.NewItem]:
-    return [
-        ledger.items.NewItem(
-            item_id=row.item_id, ordinal=row.ordinal, prompt_hash=prompt_hash, source=row.source
+    hashes = _hashes(spec, rows, requests)
+    keys = answers.keys(spec, requests) if answers is not None else {}
+    items = []
+    for row, prompt_hash in hashes:
+        lead_key, cache_key = keys.get(row.item_id, (None, None))
+        items.append(
+            ledger.items.NewItem(
+                row.item_id, row.ordinal, prompt_hash, row.source, cache_key, lead_key
+            )
         )
-        for row, prompt_hash in _hashes(spec, rows, requests)
-    ]
+    return items
 
 
 def _templated(rows: list[StagedRow], fmt: InputFormat) -> list[int]:

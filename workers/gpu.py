@@ -30,9 +30,10 @@ from llmbatch import ledger, telemetry
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
+from llmbatch.engine.base import BatchEngine
 from llmbatch.engine.options import EngineOptions
 from llmbatch.engine.vllm_engine import Engine
-from llmbatch.ledger.served_models import advertised
+from llmbatch.ledger.served_models import CachePolicy, advertised
 from workers.heartbeat import HEARTBEAT_THROTTLE
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
@@ -107,7 +108,7 @@ async def gpu_worker(
             on_engine_dead=on_engine_dead,
             task=task,
         )
-        async with worker, _advertised(pool, worker, settings, model, task):
+        async with worker, _advertised(pool, worker, settings, model, task, engine):
             yield worker
     finally:
         await pool.close()
@@ -160,7 +161,7 @@ async def run_gpu_worker(
             )
             # Known by its served name (vLLM's --served-model-name), else as loaded.
             served = options.served_name
-            async with _advertised(pool, worker, settings, served, task):
+            async with _advertised(pool, worker, settings, served, task, engine):
                 await serve(
                     worker,
                     name=name,
@@ -185,15 +186,26 @@ async def run_gpu_worker(
 
 
 def _advertised(
-    pool: ledger.db.Database, worker: Worker, settings: Settings, model: str, task: Task
+    pool: ledger.db.Database,
+    worker: Worker,
+    settings: Settings,
+    model: str,
+    task: Task,
+    engine: BatchEngine,
 ) -> contextlib.AbstractAsyncContextManager[None]:
-    # So `GET /v1/models` can name the model behind this worker's hashed queue.
+    # So `GET /v1/models` can name the model behind this worker's hashed queue, and the
+    # render step can answer from the result cache as this worker would.
     return advertised(
         pool,
         task_queue=settings.gpu_task_queue(model, task),
         model=model,
         task=task,
         identity=worker.client.identity,
+        policy=CachePolicy(
+            weights=engine.weights,
+            cache=settings.cache,
+            shared=settings.cache_shared_across_tenants,
+        ),
     )
 
 

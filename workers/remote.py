@@ -26,7 +26,7 @@ from llmbatch import ledger, telemetry
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
 from llmbatch.ledger.db import Database
-from llmbatch.ledger.served_models import advertised
+from llmbatch.ledger.served_models import CachePolicy, advertised
 from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
@@ -142,10 +142,12 @@ async def run_remote_worker(
             )
         queues = [w.task_queue for w in workers]
         async with contextlib.AsyncExitStack() as stack:
-            for worker, model in zip(workers[1:], served[1:], strict=True):
+            for worker, engine in zip(workers[1:], engines[1:], strict=True):
                 await stack.enter_async_context(worker)
-                await stack.enter_async_context(_advertised(pool, worker, model, task))
-            await stack.enter_async_context(_advertised(pool, workers[0], served[0], task))
+                await stack.enter_async_context(_advertised(pool, worker, engine, task, settings))
+            await stack.enter_async_context(
+                _advertised(pool, workers[0], engines[0], task, settings)
+            )
             await serve(
                 workers[0],
                 name=name,
@@ -168,12 +170,22 @@ async def _pause_capped(client: Client, job_id: str) -> None:
 
 
 def _advertised(
-    pool: Database, worker: Worker, model: str, task: Task
+    pool: Database, worker: Worker, engine: RemoteEngine, task: Task, settings: Settings
 ) -> contextlib.AbstractAsyncContextManager[None]:
     # So `llm-batch queues` knows the endpoint's queues (`GET /v1/models` lists the
-    # models routed to endpoints, from llmbatch.remote.routes, not these rows).
+    # models routed to endpoints, from llmbatch.remote.routes, not these rows), and the
+    # render step can answer from the result cache as this worker would.
     return advertised(
-        pool, task_queue=worker.task_queue, model=model, task=task, identity=worker.client.identity
+        pool,
+        task_queue=worker.task_queue,
+        model=engine.model,
+        task=task,
+        identity=worker.client.identity,
+        policy=CachePolicy(
+            weights=engine.weights,
+            cache=settings.cache,
+            shared=settings.cache_shared_across_tenants,
+        ),
     )
 
 

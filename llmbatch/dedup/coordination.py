@@ -9,11 +9,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmbatch.contract.spec import JobSpec, Task
+from llmbatch.contract.spec import EndpointVia, JobSpec, Task
 from llmbatch.contract.states import ResultSource
 from llmbatch.dedup import leads, result_cache
-from llmbatch.dedup.keys import request_key
+from llmbatch.dedup.keys import cache_key, cache_scope, request_key
 from llmbatch.formats.records import StagedRequest
+from llmbatch.ledger.served_models import CachePolicy
 
 if TYPE_CHECKING:
     # Typing only: the recorder imports this module (its groups) at run time.
@@ -129,6 +130,67 @@ async def from_cache(ctx: RecordingContext, recorder: Recorder, groups: list[Gro
             origin = "result_cache" if anonymous else f"{hit.job_id}/{hit.item_id}"
             recorder.share(group, hit, source=ResultSource.CACHED, shared_with=origin)
     return rest
+
+
+@dataclass(frozen=True, slots=True)
+class RenderAnswers:
+    """How the render step answers a job's requests before they reach a worker: from
+    the job's own succeeded leads (``leads``: in-job deduplication across shards), and
+    from the result cache with the keys the queue's workers would use (``weights``,
+    None: not from the cache; the job's tenant ``scope``). ``anonymous``: an entry of
+    another tenant's job is never named."""
+
+    leads: bool
+    weights: str | None
+    scope: str | None
+    anonymous: bool
+
+    def keys(
+        self, spec: JobSpec, requests: dict[str, StagedRequest]
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """(lead key, cache key) of each request that may be answered, by item id:
+        those with a request key whose sampling is reproducible (as
+        :func:`group_requests` has it)."""
+        keys: dict[str, tuple[str | None, str | None]] = {}
+        by_request: dict[str, tuple[str | None, str | None]] = {}
+        for item_id, request in requests.items():
+            if request.key is None or not request.effective_sampling(spec).reproducible:
+                continue
+            pair = by_request.get(request.key)
+            if pair is None:
+                pair = by_request[request.key] = (
+                    request.key if self.leads else None,
+                    None
+                    if self.weights is None
+                    else cache_key(request.key, self.weights, scope=self.scope),
+                )
+            keys[item_id] = pair
+        return keys
+
+
+def render_answers(spec: JobSpec, policy: CachePolicy | None) -> RenderAnswers | None:
+    """Whether the render step answers ``spec``'s requests (None: not), for the queue's
+    workers' ``policy`` (:func:`llmbatch.ledger.served_models.cache_policy`).
+
+    Only a generate job answered online (a provider batch looks up its own): from the
+    job's succeeded leads when it deduplicates, and from the cache when the queue's
+    workers said lately which weights they serve and the cache is on for the job as
+    those workers would decide it. The same answers as at generate, written once.
+    """
+    if spec.task is not Task.GENERATE or spec.via is EndpointVia.BATCH:
+        return None
+    weights = policy.weights if policy is not None else None
+    if policy is None or not (spec.cache if spec.cache is not None else policy.cache):
+        weights = None
+    if weights is None and not spec.dedup:
+        return None
+    scope = cache_scope(spec.tenant, shared=policy.shared) if policy is not None else None
+    return RenderAnswers(
+        leads=spec.dedup,
+        weights=weights,
+        scope=scope,
+        anonymous=scope is None and spec.tenant is not None,
+    )
 
 
 class Leads:

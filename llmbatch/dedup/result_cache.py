@@ -9,7 +9,7 @@ functions, one set-based statement each.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -71,6 +71,28 @@ async def lookup(
         list(uses),
     )
     return {r["cache_key"]: CachedResult(**dict(r)) for r in rows}
+
+
+async def count_hits(db: Database, *, uses: Mapping[str, int]) -> None:
+    """Count ``uses`` (items answered, by cache key) as hits of the entries held. Rows
+    are locked in key order, so two shards counting the same keys never deadlock."""
+    if not uses:
+        return
+    await db.execute(
+        """
+        WITH t AS (
+            SELECT * FROM unnest($1::text[], $2::int[]) AS t(cache_key, uses)
+        ), locked AS (
+            SELECT c.cache_key FROM result_cache AS c JOIN t USING (cache_key)
+            ORDER BY c.cache_key FOR UPDATE OF c
+        )
+        UPDATE result_cache AS c SET hits = c.hits + t.uses, last_hit_at = now()
+        FROM t JOIN locked USING (cache_key)
+        WHERE c.cache_key = t.cache_key
+        """,
+        list(uses),
+        list(uses.values()),
+    )
 
 
 async def held(db: Database, *, cache_keys: Sequence[str]) -> set[str]:

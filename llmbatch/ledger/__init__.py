@@ -1,14 +1,16 @@
 """The ledger: everything llm-batch keeps in Postgres about jobs and their items.
 
 Owns the SQL of the tables of ``migrations/`` but dedup leads
-(``llmbatch.dedup.leads``), the result cache (``llmbatch.dedup.result_cache``) and
+(``llmbatch.dedup.leads``), the result cache (``llmbatch.dedup.result_cache``; its
+entries answer new items in ``items.register_items``, one statement) and
 remote endpoints' registry, budgets and figures (``llmbatch.remote``): ``db`` (pool,
 transaction), ``items`` (register, claim, record, release: the item state machine of
 :data:`llmbatch.contract.states.ITEM_TRANSITIONS`), ``jobs`` (a job's row, plan and
 counts), ``dead_letters`` (dead items and the re-drive), ``usage`` (engine time and
 cost), ``retention`` (purging finished jobs' rows), ``api_records`` (the OpenAI Batch
 API's keys, files and batches) with ``api_layout`` (their ids and object keys),
-``served_models`` (which models GPU workers serve), ``backlog`` (unfinished items by
+``served_models`` (which models GPU workers serve, with their weights and cache
+settings), ``backlog`` (unfinished items by
 model and task, for autoscaling) and ``migrate`` (applying ``migrations/``).
 
 Plain async functions with set-based SQL, bound parameters, and fencing in the WHERE

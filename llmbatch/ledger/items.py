@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -26,21 +26,38 @@ from llmbatch.ledger.db import TERMINAL, Database, transaction
 
 @dataclass(slots=True)
 class NewItem:
-    """An item to register: ``ordinal`` is its position in the input (output order)."""
+    """An item to register: ``ordinal`` is its position in the input (output order).
+    With a ``lead_key`` (its request key) the job's succeeded lead of that request
+    answers it, else with a ``cache_key`` the result cache's entry of that key."""
 
     item_id: str
     ordinal: int
     prompt_hash: str | None
     source: str
+    cache_key: str | None = None
+    lead_key: str | None = None
+
+
+@dataclass(slots=True)
+class Answered:
+    """Items that registering answered from the result cache, of one result source
+    (``cached``, or ``deduplicated`` where the entry is the job's own), and their tokens."""
+
+    source: ResultSource
+    items: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass(slots=True)
 class Registered:
-    """What registering a shard's items found: ids already finished, and ids that
-    another shard of the job registered first (a repeated item id)."""
+    """What registering a shard's items found: ids already finished (those the cache
+    answered now among them), ids that another shard of the job registered first (a
+    repeated item id), and what the cache answered."""
 
     done: set[str]
     elsewhere: set[str]
+    answered: list[Answered] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -88,10 +105,23 @@ class LedgerRow:
 
 
 async def register_items(
-    pool: Database, *, job_id: str, shard: int, items: Sequence[NewItem]
+    pool: Database,
+    *,
+    job_id: str,
+    shard: int,
+    items: Sequence[NewItem],
+    anonymous: bool = False,
 ) -> Registered:
     """Insert pending rows for new items; report those already finished and those
     another shard holds (which this shard must not run).
+
+    An item whose ``lead_key`` the job's dedup leads hold with a succeeded leader, or
+    whose ``cache_key`` the result cache holds, is written succeeded at once with that
+    result (one write instead of pending, claimed, succeeded), as a generate attempt
+    would have recorded it: ``deduplicated`` and the leader's (or entry's) item id when
+    the result is this job's own, else ``cached`` and ``job/item`` (or only
+    ``result_cache`` when ``anonymous``: another tenant's entry is never named). Of an
+    item already registered only a pending one takes the answer.
 
     Placeholders of the shard (rows a failed attempt never read) give way to the
     real items here, and their dead letters go with them.
@@ -99,6 +129,15 @@ async def register_items(
     if not items:
         return Registered(done=set(), elsewhere=set())
     ids = [i.item_id for i in items]
+
+    def answer(column: str) -> str:
+        # An existing row takes the answer only while pending (a stale render attempt
+        # never touches what a generate attempt holds or finished).
+        return (
+            f"{column} = CASE WHEN items.status = $8 AND EXCLUDED.status = $9 "
+            f"THEN EXCLUDED.{column} ELSE items.{column} END"
+        )
+
     async with transaction(pool) as conn:
         await conn.execute(
             """
@@ -112,15 +151,58 @@ async def register_items(
             job_id,
             shard,
         )
-        await conn.execute(
-            """
-            INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source)
-            SELECT $1, t.item_id, $2, t.ordinal, t.prompt_hash, t.source
-            FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[])
-                 AS t(item_id, ordinal, prompt_hash, source)
-            ON CONFLICT (job_id, item_id) DO UPDATE
-                SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now()
-                WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
+        answered = await conn.fetch(
+            f"""
+            WITH t AS (
+                SELECT * FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[],
+                                     $13::text[], $14::text[])
+                    AS t(item_id, ordinal, prompt_hash, source, cache_key, lead_key)
+            ), answers AS (
+                -- The job's own lead first (a result of this job), then the cache.
+                SELECT t.item_id, t.ordinal, t.prompt_hash, t.source,
+                       coalesce(li.result, c.result) AS result,
+                       CASE WHEN li.item_id IS NOT NULL THEN li.prompt_tokens
+                            ELSE c.prompt_tokens END AS prompt_tokens,
+                       CASE WHEN li.item_id IS NOT NULL THEN li.completion_tokens
+                            ELSE c.completion_tokens END AS completion_tokens,
+                       CASE WHEN li.item_id IS NOT NULL OR c.job_id = $1 THEN $10
+                            WHEN c.cache_key IS NOT NULL THEN $11 END AS result_source,
+                       CASE WHEN li.item_id IS NOT NULL THEN li.item_id
+                            WHEN c.job_id = $1 THEN c.item_id
+                            WHEN c.cache_key IS NULL THEN NULL
+                            WHEN $12 THEN 'result_cache'
+                            ELSE c.job_id || '/' || c.item_id END AS shared_with
+                FROM t
+                LEFT JOIN dedup_leads AS l ON l.job_id = $1 AND l.request_key = t.lead_key
+                LEFT JOIN items AS li
+                       ON li.job_id = $1 AND li.item_id = l.item_id AND li.status = $9
+                LEFT JOIN result_cache AS c
+                       ON c.cache_key = t.cache_key AND li.item_id IS NULL
+            ), registered AS (
+                INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source,
+                                   status, result, prompt_tokens, completion_tokens,
+                                   latency_ms, result_source, shared_with, finished_at)
+                SELECT $1, a.item_id, $2, a.ordinal, a.prompt_hash, a.source,
+                       CASE WHEN a.result_source IS NULL THEN $8 ELSE $9 END,
+                       a.result, a.prompt_tokens, a.completion_tokens,
+                       CASE WHEN a.result_source IS NOT NULL THEN 0.0 END,
+                       a.result_source, a.shared_with,
+                       CASE WHEN a.result_source IS NOT NULL THEN now() END
+                FROM answers AS a
+                ON CONFLICT (job_id, item_id) DO UPDATE
+                    SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now(),
+                        {answer("status")}, {answer("result")}, {answer("prompt_tokens")},
+                        {answer("completion_tokens")}, {answer("latency_ms")},
+                        {answer("result_source")}, {answer("shared_with")},
+                        {answer("finished_at")}, {answer("error_class")},
+                        {answer("error_message")}
+                    WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
+                RETURNING status, result_source, prompt_tokens, completion_tokens
+            )
+            SELECT result_source, count(*) AS items,
+                   coalesce(sum(prompt_tokens), 0)::bigint AS prompt_tokens,
+                   coalesce(sum(completion_tokens), 0)::bigint AS completion_tokens
+            FROM registered WHERE status = $9 GROUP BY result_source
             """,
             job_id,
             shard,
@@ -129,6 +211,13 @@ async def register_items(
             [i.prompt_hash for i in items],
             [i.source for i in items],
             TERMINAL,
+            ItemStatus.PENDING,
+            ItemStatus.SUCCEEDED,
+            ResultSource.DEDUPLICATED,
+            ResultSource.CACHED,
+            anonymous,
+            [i.cache_key for i in items],
+            [i.lead_key for i in items],
         )
         # A concurrent shard inserting the same id waits on the key, then finds it taken.
         rows = await conn.fetch(
@@ -143,6 +232,15 @@ async def register_items(
     return Registered(
         done={r["item_id"] for r in rows if not r["elsewhere"]},
         elsewhere={r["item_id"] for r in rows if r["elsewhere"]},
+        answered=[
+            Answered(
+                source=ResultSource(r["result_source"]),
+                items=r["items"],
+                prompt_tokens=r["prompt_tokens"],
+                completion_tokens=r["completion_tokens"],
+            )
+            for r in answered
+        ],
     )
 
 

@@ -4,6 +4,9 @@ Task queue names are hashed (``Settings.gpu_task_queue``), so Temporal alone can
 which model a queue is for: each GPU worker records (queue, model, task) at start and
 refreshes it while it runs; readers (``GET /v1/models``) keep the rows whose queue has
 pollers now, which says who is alive.
+
+A row also says how the queue's workers use the result cache (:class:`CachePolicy`):
+the render step answers cached requests with it before a shard reaches them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,23 @@ log = logging.getLogger(__name__)
 REFRESH_S = 60.0
 
 
+# A row not refreshed for this long no longer speaks for its queue's cache: its worker
+# stopped without clearing it (a SIGKILL), and the next one may serve other weights.
+POLICY_FRESH_S = 2 * REFRESH_S
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    """How a queue's workers answer from the result cache: the fingerprint of their
+    weights (None: nothing is cached), whether jobs that do not say use the cache
+    (``Settings.cache``), and whether tenants share it
+    (``Settings.cache_shared_across_tenants``)."""
+
+    weights: str | None
+    cache: bool
+    shared: bool
+
+
 @dataclass(slots=True)
 class ServedModel:
     """A model some GPU worker served (or serves) on ``task_queue``."""
@@ -37,16 +57,54 @@ class ServedModel:
 
 
 async def record_served_model(
-    db: Database, *, task_queue: str, model: str, task: str, identity: str
+    db: Database,
+    *,
+    task_queue: str,
+    model: str,
+    task: str,
+    identity: str,
+    policy: CachePolicy | None = None,
 ) -> None:
-    """Record that a worker named ``identity`` serves ``model`` for ``task`` on ``task_queue``."""
+    """Record that a worker named ``identity`` serves ``model`` for ``task`` on
+    ``task_queue``, using the result cache as ``policy`` says (None: not at all)."""
+    policy = policy or CachePolicy(weights=None, cache=False, shared=False)
     await db.execute(
-        "INSERT INTO served_models (task_queue, model, task, identity) VALUES ($1, $2, $3, $4) "
+        "INSERT INTO served_models (task_queue, model, task, identity, weights, cache, "
+        "cache_shared) VALUES ($1, $2, $3, $4, $5, $6, $7) "
         "ON CONFLICT (task_queue) DO UPDATE SET model = excluded.model, task = excluded.task, "
-        "identity = excluded.identity, last_seen = now()",
+        "identity = excluded.identity, weights = excluded.weights, cache = excluded.cache, "
+        "cache_shared = excluded.cache_shared, last_seen = now()",
         task_queue,
         model,
         task,
+        identity,
+        policy.weights,
+        policy.cache,
+        policy.shared,
+    )
+
+
+async def cache_policy(db: Database, *, task_queue: str) -> CachePolicy | None:
+    """How the workers of ``task_queue`` use the result cache, as the last of them to
+    record it said within :data:`POLICY_FRESH_S`; None when no worker said so lately
+    or the one that did has stopped (then only a worker decides, at generate)."""
+    row = await db.fetchrow(
+        "SELECT weights, cache, cache_shared FROM served_models WHERE task_queue = $1 "
+        "AND weights IS NOT NULL AND last_seen > now() - make_interval(secs => $2)",
+        task_queue,
+        POLICY_FRESH_S,
+    )
+    if row is None:
+        return None
+    return CachePolicy(weights=row["weights"], cache=row["cache"], shared=row["cache_shared"])
+
+
+async def forget_weights(db: Database, *, task_queue: str, identity: str) -> None:
+    """A stopping worker's weights no longer answer for its queue (if it was the last
+    to record them; another worker of the queue records its own at its next refresh)."""
+    await db.execute(
+        "UPDATE served_models SET weights = NULL WHERE task_queue = $1 AND identity = $2",
+        task_queue,
         identity,
     )
 
@@ -68,9 +126,16 @@ async def was_served(db: Database, *, task_queue: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def advertised(
-    db: Database, *, task_queue: str, model: str, task: str, identity: str
+    db: Database,
+    *,
+    task_queue: str,
+    model: str,
+    task: str,
+    identity: str,
+    policy: CachePolicy | None = None,
 ) -> AsyncIterator[None]:
-    """Record the model now and refresh it every :data:`REFRESH_S` while the block runs.
+    """Record the model now and refresh it every :data:`REFRESH_S` while the block runs;
+    at its end, forget the weights (:func:`forget_weights`).
 
     A failed record is logged, never raised: the worker's job is generating, and the
     next refresh records it again.
@@ -79,7 +144,12 @@ async def advertised(
     async def record() -> None:
         try:
             await record_served_model(
-                db, task_queue=task_queue, model=model, task=task, identity=identity
+                db,
+                task_queue=task_queue,
+                model=model,
+                task=task,
+                identity=identity,
+                policy=policy,
             )
         except Exception as exc:  # Postgres away for a while, or not migrated yet
             log.warning("could not record served model %s: %s", model, exc)
@@ -98,3 +168,8 @@ async def advertised(
         task_.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task_
+        if policy is not None and policy.weights is not None:
+            try:
+                await forget_weights(db, task_queue=task_queue, identity=identity)
+            except Exception as exc:  # the row goes stale by itself (POLICY_FRESH_S)
+                log.warning("could not clear the served weights of %s: %s", task_queue, exc)

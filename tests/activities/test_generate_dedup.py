@@ -21,9 +21,11 @@ from llmbatch import ledger
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary, Usage
+from llmbatch.contract.names import GENERATE, shard_workflow_id
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.devstack.tiny_model import build_tiny_model
+from llmbatch.ledger import served_models
 from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
 
 if TYPE_CHECKING:
@@ -86,6 +88,29 @@ async def _usage(settings: Settings, job_id: str) -> tuple[Usage, int]:
         await pool.close()
 
 
+async def _claimed(settings: Settings, job_id: str) -> int:
+    """How many of the job's items a generate attempt ever claimed."""
+    pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
+    try:
+        return int(
+            await pool.fetchval(
+                "SELECT count(*) FROM items WHERE job_id = $1 AND attempt > 0", job_id
+            )
+        )
+    finally:
+        await pool.close()
+
+
+async def _activities(client: Client, workflow_id: str) -> set[str]:
+    """The activity types a workflow scheduled."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return {
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+
+
 async def test_repeated_requests_are_generated_once_and_a_cached_rerun_needs_no_engine(
     workers: Settings, temporal_client: Client, engine: Engine, model_name: str, tmp_path: Path
 ) -> None:
@@ -135,11 +160,16 @@ async def test_repeated_requests_are_generated_once_and_a_cached_rerun_needs_no_
     assert manifest["usage"]["deduplicated"] == ROWS - DISTINCT
     assert manifest["usage"]["engine_requests"] == DISTINCT
 
-    # The same input as a new job with the cache: every answer from the first job.
+    # The same input as a new job with the cache: every answer from the first job,
+    # given at render (the worker recorded its weights), so no shard reaches a worker.
     again = _spec(source, out, model_name, cache=True)
     before = engine.requests_submitted
     rerun = await _run(temporal_client, workers, again)
     assert engine.requests_submitted - before == 0
+    assert await _claimed(workers, again.job_id) == 0
+    for shard in range(ROWS // 1000):
+        workflow_id = shard_workflow_id(again.job_id, shard)
+        assert GENERATE not in await _activities(temporal_client, workflow_id)
     assert rerun.items_succeeded == ROWS
     assert rerun.usage.cached + rerun.usage.deduplicated == ROWS
     assert rerun.usage.cached >= DISTINCT and rerun.usage.generated == 0
@@ -147,6 +177,47 @@ async def test_repeated_requests_are_generated_once_and_a_cached_rerun_needs_no_
     assert {i: r["text"] for i, r in cached.items()} == {i: r["text"] for i, r in by_id.items()}
     first = next(r for r in cached.values() if r["result_source"] == "cached")
     assert first["shared_with"].startswith(f"{spec.job_id}/")
+
+
+async def test_later_shards_are_answered_at_render_from_the_jobs_own_leads(
+    workers: Settings, temporal_client: Client, engine: Engine, model_name: str, tmp_path: Path
+) -> None:
+    """One shard at a time, without the cache: the first shard generates each distinct
+    request; every later shard finds them led and succeeded when it renders, so its
+    items are written once, deduplicated, and it never reaches a worker."""
+    rows, distinct, shard_size = 400, 20, 100
+    source = _rows_file(tmp_path / "in" / "rows.jsonl", rows, distinct)
+    spec = _spec(
+        source,
+        tmp_path / "out",
+        model_name,
+        shard_size=shard_size,
+        max_concurrent_shards=1,
+        cache=False,
+        # A prompt no other test sends: only this job leads these requests.
+        messages=[ChatMessage(role="user", content=f"{uuid.uuid4().hex}: {{{{ name }}}}.")],
+    )
+    before = engine.requests_submitted
+    summary = await _run(temporal_client, workers, spec)
+
+    assert summary.items_succeeded == rows
+    assert engine.requests_submitted - before == distinct
+    assert (summary.usage.generated, summary.usage.deduplicated) == (distinct, rows - distinct)
+    # Only the first shard's items were ever claimed by a generate attempt.
+    assert await _claimed(workers, spec.job_id) == shard_size
+    assert GENERATE in await _activities(temporal_client, shard_workflow_id(spec.job_id, 0))
+    for shard in range(1, rows // shard_size):
+        workflow_id = shard_workflow_id(spec.job_id, shard)
+        assert GENERATE not in await _activities(temporal_client, workflow_id)
+    by_id = {r["item_id"]: r for r in _output(tmp_path / "out", spec.job_id)}
+    for row in by_id.values():
+        if row["result_source"] == "deduplicated":
+            origin = by_id[row["shared_with"]]
+            assert origin["result_source"] == "generated"
+            assert (origin["input"]["name"], origin["text"]) == (
+                row["input"]["name"],
+                row["text"],
+            )
 
 
 async def test_sampled_requests_without_a_seed_are_each_generated(
@@ -219,6 +290,12 @@ async def test_a_worker_on_rebuilt_weights_misses_the_cache_its_old_weights_fill
     )
     assert (filled.generated, filled.cached) == (distinct, 0)
     assert (hit.generated, hit.cached, hit.engine_requests) == (0, distinct, 0)
+    # The stopped worker's weights no longer answer for its queue at render.
+    pool = await ledger.db.create_pool(workers.postgres_dsn.get_secret_value())
+    try:
+        assert await served_models.cache_policy(pool, task_queue=queue) is None
+    finally:
+        await pool.close()
 
     build_tiny_model(Path(model), seed=1)  # same folder, same name, other weights
     (missed,) = await run_on_a_worker(

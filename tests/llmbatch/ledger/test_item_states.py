@@ -1,6 +1,7 @@
 """The item state machine, driven at random through the ledger's own functions on the
 real Postgres: claims (by attempts old and new, so a lease that lapsed is taken over),
-results, dead letters, releases, a shard failing for good and dead-letter re-drives, in
+results, dead letters, releases, answers from the result cache at render (a render
+attempt run again), a shard failing for good and dead-letter re-drives, in
 any order and on any items. After every step each item's change of status must be one
 of :data:`ITEM_TRANSITIONS`, no item succeeds twice, a succeeded item never changes,
 and a dead one changes only through the re-drive."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 
 from llmbatch import ledger
 from llmbatch.contract.states import ITEM_TRANSITIONS, TERMINAL_STATUSES, ErrorClass, ItemStatus
+from llmbatch.dedup import result_cache
 
 ITEMS = [f"i{k}" for k in range(4)]
 # Attempts of one activity (the shard's generate): a higher number is a newer attempt,
@@ -34,6 +37,7 @@ steps = st.one_of(
     st.tuples(st.just("release"), leases, subsets),
     st.tuples(st.just("shard_dead"), st.none(), st.just(ITEMS)),
     st.tuples(st.just("redrive"), st.none(), subsets),
+    st.tuples(st.just("answer"), st.none(), subsets),
 )
 Step = tuple[str, str | None, list[str]]
 _jobs = itertools.count()
@@ -91,8 +95,24 @@ async def _apply(pool: asyncpg.Pool, job_id: str, step: Step) -> None:
             error_class=ErrorClass.SHARD_FAILED,
             error_message="the shard failed for good",
         )
+    elif kind == "answer":
+        # The render step again, the cache now holding the items' request.
+        await ledger.items.register_items(
+            pool, job_id=job_id, shard=0, items=_new(ids, cache_key=_cache_key(job_id))
+        )
     else:
         await ledger.dead_letters.requeue_dead(pool, job_id=job_id, item_ids=ids)
+
+
+def _new(ids: list[str], *, cache_key: str | None = None) -> list[ledger.items.NewItem]:
+    return [
+        ledger.items.NewItem(i, ITEMS.index(i), None, f"in.jsonl:{ITEMS.index(i) + 1}", cache_key)
+        for i in ids
+    ]
+
+
+def _cache_key(job_id: str) -> str:
+    return f"item-states:{job_id}"
 
 
 def _check(step: Step, before: dict[str, Row], after: dict[str, Row], wins: dict[str, int]) -> None:
@@ -108,8 +128,13 @@ def _check(step: Step, before: dict[str, Row], after: dict[str, Row], wins: dict
         if old.status is ItemStatus.DEAD and kind != "redrive":
             assert new == old, (step, item, old, new)
         if new.status is ItemStatus.SUCCEEDED and old.status is not ItemStatus.SUCCEEDED:
-            # Only the lease that held the item writes its result.
-            assert kind == "result" and old.lease_owner == lease and item in ids
+            # Only the lease that held the item writes its result, or the render step
+            # answers an item nobody holds from the cache.
+            if kind == "answer":
+                assert old.status is ItemStatus.PENDING and item in ids, (step, item, old)
+                assert new.result == {"text": "from the cache"}
+            else:
+                assert kind == "result" and old.lease_owner == lease and item in ids
             wins[item] = wins.get(item, 0) + 1
             assert wins[item] == 1, f"{item} succeeded twice"
         if kind == "redrive" and new.status != old.status:
@@ -117,11 +142,19 @@ def _check(step: Step, before: dict[str, Row], after: dict[str, Row], wins: dict
 
 
 async def _run(dsn: str, program: list[Step]) -> None:
-    job_id = f"job-{next(_jobs)}"
+    job_id = f"job-{next(_jobs)}-{uuid.uuid4().hex[:8]}"
     pool = await ledger.db.create_pool(dsn, min_size=1, max_size=2)
     try:
-        new = [ledger.items.NewItem(i, k, None, f"in.jsonl:{k + 1}") for k, i in enumerate(ITEMS)]
-        await ledger.items.register_items(pool, job_id=job_id, shard=0, items=new)
+        await result_cache.store(
+            pool,
+            model="m",
+            weights="w",
+            job_id="an-earlier-job",
+            entries=[
+                result_cache.NewEntry(_cache_key(job_id), {"text": "from the cache"}, 3, 2, "e0")
+            ],
+        )
+        await ledger.items.register_items(pool, job_id=job_id, shard=0, items=_new(ITEMS))
         before = await _rows(pool, job_id)
         assert {r.status for r in before.values()} == {ItemStatus.PENDING}
         wins: dict[str, int] = {}
