@@ -54,16 +54,12 @@ class WriteActivities:
                 non_retryable=True,
             )
         summary = ShardSummary(shard=shard, items=len(entries))
-        tokens = TokenCounts()
-        for e in entries:
-            if e.status is ItemStatus.SUCCEEDED:
-                summary.succeeded += 1
-                tokens = tokens + TokenCounts(
-                    prompt=e.prompt_tokens or 0, completion=e.completion_tokens or 0
-                )
-            else:
-                summary.dead += 1
-        summary.tokens = tokens
+        succeeded = [e for e in entries if e.status is ItemStatus.SUCCEEDED]
+        summary.succeeded, summary.dead = len(succeeded), len(entries) - len(succeeded)
+        summary.tokens = TokenCounts(
+            prompt=sum(e.prompt_tokens or 0 for e in succeeded),
+            completion=sum(e.completion_tokens or 0 for e in succeeded),
+        )
         summary.usage = await ledger.usage.usage(self._ctx.pool, job_id=spec.job_id, shard=shard)
         telemetry.annotate(
             job_id=spec.job_id,

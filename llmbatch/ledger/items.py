@@ -390,17 +390,33 @@ async def shard_results(pool: Database, *, job_id: str, shard: int) -> list[Ledg
         job_id,
         shard,
     )
+    # By position, in the SELECT's order: the write step reads every item of a shard,
+    # and building each row from a dict of its columns cost a few microseconds an item.
+    status, error_class, source = _STATUSES, _ERROR_CLASSES, _SOURCES
     return [
         LedgerRow(
-            **{
-                **dict(r),
-                "status": ItemStatus(r["status"]),
-                "error_class": r["error_class"] and ErrorClass(r["error_class"]),
-                "result_source": r["result_source"] and ResultSource(r["result_source"]),
-            }
+            r[0],
+            r[1],
+            status[r[2]],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            r[7],
+            r[8],
+            r[9] and error_class[r[9]],
+            r[10],
+            r[11],
+            r[12] and source[r[12]],
+            r[13],
         )
         for r in rows
     ]
+
+
+_STATUSES = {s.value: s for s in ItemStatus}
+_ERROR_CLASSES = {c.value: c for c in ErrorClass}
+_SOURCES = {s.value: s for s in ResultSource}
 
 
 async def items_by_id(
