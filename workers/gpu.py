@@ -30,14 +30,12 @@ from llmbatch import ledger, telemetry
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
-from llmbatch.engine.base import BatchEngine
 from llmbatch.engine.options import EngineOptions
 from llmbatch.engine.vllm_engine import Engine
-from llmbatch.ledger.served_models import CachePolicy, advertised
 from workers.heartbeat import HEARTBEAT_THROTTLE
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
-from workers.startup import ColdStart, clear_ready, freeze_startup_objects, mark_ready
+from workers.startup import ColdStart, advertise, clear_ready, freeze_startup_objects, mark_ready
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +106,12 @@ async def gpu_worker(
             on_engine_dead=on_engine_dead,
             task=task,
         )
-        async with worker, _advertised(pool, worker, settings, model, task, engine):
+        async with (
+            worker,
+            advertise(
+                pool, worker, model=model, task=task, weights=engine.weights, settings=settings
+            ),
+        ):
             yield worker
     finally:
         await pool.close()
@@ -161,7 +164,9 @@ async def run_gpu_worker(
             )
             # Known by its served name (vLLM's --served-model-name), else as loaded.
             served = options.served_name
-            async with _advertised(pool, worker, settings, served, task, engine):
+            async with advertise(
+                pool, worker, model=served, task=task, weights=engine.weights, settings=settings
+            ):
                 await serve(
                     worker,
                     name=name,
@@ -183,30 +188,6 @@ async def run_gpu_worker(
         # After a drain: what a pod's grace period must leave for this, too.
         print(f"{name}: engine stopped in {time.monotonic() - stopping:.1f} s", flush=True)
     return 1 if dead.is_set() else 0
-
-
-def _advertised(
-    pool: ledger.db.Database,
-    worker: Worker,
-    settings: Settings,
-    model: str,
-    task: Task,
-    engine: BatchEngine,
-) -> contextlib.AbstractAsyncContextManager[None]:
-    # So `GET /v1/models` can name the model behind this worker's hashed queue, and the
-    # render step can answer from the result cache as this worker would.
-    return advertised(
-        pool,
-        task_queue=settings.gpu_task_queue(model, task),
-        model=model,
-        task=task,
-        identity=worker.client.identity,
-        policy=CachePolicy(
-            weights=engine.weights,
-            cache=settings.cache,
-            shared=settings.cache_shared_across_tenants,
-        ),
-    )
 
 
 def main(settings: Settings, options: EngineOptions, **kwargs: Any) -> None:

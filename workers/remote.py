@@ -25,8 +25,6 @@ from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
-from llmbatch.ledger.db import Database
-from llmbatch.ledger.served_models import CachePolicy, advertised
 from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
@@ -34,6 +32,7 @@ from llmbatch.remote.pause import pause_workflow
 from workers.heartbeat import HEARTBEAT_THROTTLE
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+from workers.startup import advertise
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +143,25 @@ async def run_remote_worker(
         async with contextlib.AsyncExitStack() as stack:
             for worker, engine in zip(workers[1:], engines[1:], strict=True):
                 await stack.enter_async_context(worker)
-                await stack.enter_async_context(_advertised(pool, worker, engine, task, settings))
+                await stack.enter_async_context(
+                    advertise(
+                        pool,
+                        worker,
+                        model=engine.model,
+                        task=task,
+                        weights=engine.weights,
+                        settings=settings,
+                    )
+                )
             await stack.enter_async_context(
-                _advertised(pool, workers[0], engines[0], task, settings)
+                advertise(
+                    pool,
+                    workers[0],
+                    model=engines[0].model,
+                    task=task,
+                    weights=engines[0].weights,
+                    settings=settings,
+                )
             )
             await serve(
                 workers[0],
@@ -167,26 +182,6 @@ async def run_remote_worker(
 
 async def _pause_capped(client: Client, job_id: str) -> None:
     await pause_workflow(client, job_id=job_id)
-
-
-def _advertised(
-    pool: Database, worker: Worker, engine: RemoteEngine, task: Task, settings: Settings
-) -> contextlib.AbstractAsyncContextManager[None]:
-    # So `llm-batch queues` knows the endpoint's queues (`GET /v1/models` lists the
-    # models routed to endpoints, from llmbatch.remote.routes, not these rows), and the
-    # render step can answer from the result cache as this worker would.
-    return advertised(
-        pool,
-        task_queue=worker.task_queue,
-        model=engine.model,
-        task=task,
-        identity=worker.client.identity,
-        policy=CachePolicy(
-            weights=engine.weights,
-            cache=settings.cache,
-            shared=settings.cache_shared_across_tenants,
-        ),
-    )
 
 
 def main(settings: Settings, **kwargs: object) -> None:

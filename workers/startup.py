@@ -4,7 +4,8 @@ ready file for Kubernetes' readiness probe.
 Scaling from zero costs a job one cold start per new pod; the worker prints where
 that time goes (Python and vLLM imports, the service checks, the engine load, which
 includes weight loading and vLLM's compile or graph capture, the worker start), so
-operators can see what a compile cache or a faster load format saves.
+operators can see what a compile cache or a faster load format saves. Once started, a
+worker advertises its queue in the ledger (:func:`advertise`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ import time
 from pathlib import Path
 
 import psutil
+from temporalio.worker import Worker
+
+from llmbatch.config import Settings
+from llmbatch.contract.spec import Task
+from llmbatch.ledger.db import Database
+from llmbatch.ledger.served_models import CachePolicy, ServedQueue, advertised
 
 
 class ColdStart:
@@ -64,3 +71,31 @@ def freeze_startup_objects() -> None:
     collected as usual."""
     gc.collect()
     gc.freeze()
+
+
+def advertise(
+    pool: Database,
+    worker: Worker,
+    *,
+    model: str,
+    task: Task,
+    weights: str | None,
+    settings: Settings,
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """Record ``worker``'s queue, model and cache use in the ledger while it runs, so
+    `GET /v1/models` and `llm-batch queues` can name the model behind a hashed queue,
+    and the render step answers from the result cache as this worker would."""
+    return advertised(
+        pool,
+        ServedQueue(
+            task_queue=worker.task_queue,
+            model=model,
+            task=task,
+            identity=worker.client.identity,
+            policy=CachePolicy(
+                weights=weights,
+                cache=settings.cache,
+                shared=settings.cache_shared_across_tenants,
+            ),
+        ),
+    )

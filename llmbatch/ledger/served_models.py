@@ -44,6 +44,18 @@ class CachePolicy:
     shared: bool
 
 
+@dataclass(frozen=True, slots=True)
+class ServedQueue:
+    """What a worker records of itself: the queue it polls, the model it serves there
+    for ``task``, its ``identity`` (Temporal's), and how it uses the result cache."""
+
+    task_queue: str
+    model: str
+    task: str
+    identity: str
+    policy: CachePolicy = CachePolicy(weights=None, cache=False, shared=False)
+
+
 @dataclass(slots=True)
 class ServedModel:
     """A model some GPU worker served (or serves) on ``task_queue``."""
@@ -56,28 +68,19 @@ class ServedModel:
     last_seen: datetime
 
 
-async def record_served_model(
-    db: Database,
-    *,
-    task_queue: str,
-    model: str,
-    task: str,
-    identity: str,
-    policy: CachePolicy | None = None,
-) -> None:
-    """Record that a worker named ``identity`` serves ``model`` for ``task`` on
-    ``task_queue``, using the result cache as ``policy`` says (None: not at all)."""
-    policy = policy or CachePolicy(weights=None, cache=False, shared=False)
+async def record_served_model(db: Database, served: ServedQueue) -> None:
+    """Record (or refresh) what a worker says of itself."""
+    policy = served.policy
     await db.execute(
         "INSERT INTO served_models (task_queue, model, task, identity, weights, cache, "
         "cache_shared) VALUES ($1, $2, $3, $4, $5, $6, $7) "
         "ON CONFLICT (task_queue) DO UPDATE SET model = excluded.model, task = excluded.task, "
         "identity = excluded.identity, weights = excluded.weights, cache = excluded.cache, "
         "cache_shared = excluded.cache_shared, last_seen = now()",
-        task_queue,
-        model,
-        task,
-        identity,
+        served.task_queue,
+        served.model,
+        served.task,
+        served.identity,
         policy.weights,
         policy.cache,
         policy.shared,
@@ -125,16 +128,8 @@ async def was_served(db: Database, *, task_queue: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def advertised(
-    db: Database,
-    *,
-    task_queue: str,
-    model: str,
-    task: str,
-    identity: str,
-    policy: CachePolicy | None = None,
-) -> AsyncIterator[None]:
-    """Record the model now and refresh it every :data:`REFRESH_S` while the block runs;
+async def advertised(db: Database, served: ServedQueue) -> AsyncIterator[None]:
+    """Record ``served`` now and refresh it every :data:`REFRESH_S` while the block runs;
     at its end, forget the weights (:func:`forget_weights`).
 
     A failed record is logged, never raised: the worker's job is generating, and the
@@ -143,16 +138,9 @@ async def advertised(
 
     async def record() -> None:
         try:
-            await record_served_model(
-                db,
-                task_queue=task_queue,
-                model=model,
-                task=task,
-                identity=identity,
-                policy=policy,
-            )
+            await record_served_model(db, served)
         except Exception as exc:  # Postgres away for a while, or not migrated yet
-            log.warning("could not record served model %s: %s", model, exc)
+            log.warning("could not record served model %s: %s", served.model, exc)
 
     async def refresh() -> None:
         while True:
@@ -168,8 +156,8 @@ async def advertised(
         task_.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task_
-        if policy is not None and policy.weights is not None:
+        if served.policy.weights is not None:
             try:
-                await forget_weights(db, task_queue=task_queue, identity=identity)
+                await forget_weights(db, task_queue=served.task_queue, identity=served.identity)
             except Exception as exc:  # the row goes stale by itself (POLICY_FRESH_S)
-                log.warning("could not clear the served weights of %s: %s", task_queue, exc)
+                log.warning("could not clear the served weights of %s: %s", served.task_queue, exc)

@@ -42,7 +42,10 @@ async def test_a_batch_for_a_model_served_before_is_accepted_and_waits(
     model = f"scaled-to-zero/{uuid.uuid4().hex[:8]}"
     queue = api_server.settings.gpu_task_queue(model, Task.GENERATE)
     await served_models.record_served_model(
-        api_pool, task_queue=queue, model=model, task=Task.GENERATE, identity="1@gone"
+        api_pool,
+        served_models.ServedQueue(
+            task_queue=queue, model=model, task=Task.GENERATE, identity="1@gone"
+        ),
     )
     client = openai.AsyncOpenAI(
         base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
