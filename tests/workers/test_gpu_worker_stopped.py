@@ -31,6 +31,7 @@ from tests.fixtures.worker_processes import (
     items_by_id,
     job_result,
     signal_group,
+    stop_holding_items,
     stop_worker,
     until_done,
 )
@@ -44,8 +45,9 @@ async def until_both_slots_busy(pool: Any, job_id: str) -> None:
     """Wait a while for the worker to run ``generate`` for two shards, its every slot,
     so that it is stopped with no poll open. Best effort: with a free slot Temporal
     may hand it the next shard while it is stopped, and that attempt starts only when
-    it wakes, as a stale one whose claim the ledger fences (it takes nothing)."""
-    for _ in range(600):
+    it wakes, as a stale one whose claim the ledger fences (it takes nothing). A few
+    seconds at most: on a loaded machine a longer wait let the job run to its end."""
+    for _ in range(100):
         rows = await items_by_id(pool, job_id)
         leases = {r["lease_owner"] for r in rows.values() if r["status"] == "running"}
         if len(leases) == 2:
@@ -95,22 +97,14 @@ async def test_stopped_gpu_worker_wakes_up_as_a_zombie_and_changes_nothing(
         )
         handle, _ = await start_job(temporal_client, spec, settings=stack)
         await until_done(pool, spec.job_id, ROWS // 8, in_flight=True)
-        held: dict[str, str] = {}
-        for _ in range(5):
-            await until_done(pool, spec.job_id, 0, in_flight=True)
-            await until_both_slots_busy(pool, spec.job_id)
-            signal_group(zombie, signal.SIGSTOP)
-            stopped_at = time.monotonic()
-            # A write the worker sent just before it stopped still commits: let it land,
-            # or an item it finished would count as held and never be taken over.
-            await asyncio.sleep(2)
-            before = await items_by_id(pool, spec.job_id)
-            held = {i: r["lease_owner"] for i, r in before.items() if r["status"] == "running"}
-            if held:
-                break
-            # Stopped between two batches, with nothing in flight: what this test is
-            # about did not happen. Let it go on and stop it again.
-            signal_group(zombie, signal.SIGCONT)
+        await until_both_slots_busy(pool, spec.job_id)
+        # Frozen at a moment it holds items, read once its last writes committed (a
+        # stop between two batches is woken and tried again). A loop of its own here,
+        # polling then signalling, once let the whole job finish between its tries.
+        await stop_holding_items(pool, spec.job_id, zombie, after=0)
+        stopped_at = time.monotonic()
+        before = await items_by_id(pool, spec.job_id)
+        held = {i: r["lease_owner"] for i, r in before.items() if r["status"] == "running"}
         assert held, "the worker was never stopped with an item in flight"
         second = gpu_worker_process(stack, model, second_log)
         await until_taken_over(pool, spec.job_id, held)
