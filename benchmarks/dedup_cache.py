@@ -8,8 +8,10 @@ excluded for all) and their ratios, and for the cached job, which needs no engin
 work at all, the CPU time per item of each process of llm-batch's control plane:
 the CPU worker, the GPU worker's own process (not its engine's), Postgres,
 Temporal and the object store, from /proc/<pid>/stat before and after the job
-(each process with its descendants). The llm-batch jobs run ``--repeats`` times and
-the figures are medians; each line says the machine's load. ``--profile DIR`` records
+(each process with its descendants), and beside each what the same process spends
+idle in as long (its pollers and timers, measured on the idle stack after the
+rounds). The llm-batch jobs run ``--repeats`` times and the figures are medians;
+each line says the machine's load. ``--profile DIR`` records
 the CPU and GPU workers with py-spy (collapsed stacks) in one more cached round.
 
     .venv/bin/python benchmarks/dedup_cache.py --requests 20000 --repeat 20
@@ -49,6 +51,8 @@ ENGINE_ARGS = [
 # Rows per shard (--shard-size; default the job spec's): Temporal's and each step's
 # fixed costs are per shard, so per item they fall as shards grow.
 SHARD_SIZE = JobSpec.model_fields["shard_size"].default
+# Seconds of an idle stack measured after the rounds, for each process's background.
+IDLE_S = 15.0
 
 
 async def run_job(
@@ -127,7 +131,13 @@ async def llm_batch(
                 split_runs.append(split)
                 engine_runs.append((engine_after - engine_before) * 1000.0 / n)
                 cached_requests = cached.usage.engine_requests
+        # The stack's own background (pollers, timers, the dev server's housekeeping),
+        # which the per-item figures include for as long as a job runs.
+        before = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
+        await asyncio.sleep(IDLE_S)
+        after = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
     return {
+        "idle_cpu_per_s": {k: (after[k] - before[k]) / IDLE_S for k in watched},
         "dedup_s": statistics.median(dedup_runs),
         "cached_s": statistics.median(cached_runs),
         "cached_requests": cached_requests,
@@ -192,11 +202,15 @@ def main() -> None:
           f"({ours['dedup_requests']} engine requests)")  # fmt: skip
     print(f"  llm-batch cached re-run {cached:8.1f} items/s   {cached / peer:5.2f}x run-batch "
           f"({ours['cached_requests']} engine requests)")  # fmt: skip
-    print("  CPU ms per item of the cached re-run (median of each):")
+    print("  CPU ms per item of the cached re-run (median of each; of it, the same process")
+    print("  idle for the job's time, measured for 15 s after the rounds):")
     per_item: dict[str, float] = ours["cpu_ms_per_item"]  # type: ignore[assignment]
+    idle_rate: dict[str, float] = ours["idle_cpu_per_s"]  # type: ignore[assignment]
+    idle = {k: idle_rate[k] * float(ours["cached_s"]) * 1000.0 / n for k in per_item}  # type: ignore[arg-type]
     for name, ms in per_item.items():
-        print(f"    {name:28s} {ms:7.3f}")
-    print(f"    {'total (median of sums)':28s} {float(ours['cpu_ms_total']):7.3f}")  # type: ignore[arg-type]
+        print(f"    {name:28s} {ms:7.3f}   idle {idle[name]:6.3f}")
+    print(f"    {'total (median of sums)':28s} {float(ours['cpu_ms_total']):7.3f}   "  # type: ignore[arg-type]
+          f"idle {sum(idle.values()):6.3f}")  # fmt: skip
     print(f"    (the GPU worker's idle engine processes: {ours['engine_cpu_ms_per_item']:.3f})")
 
     finished(work)

@@ -97,8 +97,8 @@ def profiled(watched: dict[str, tuple[int, bool]], out: Path | None) -> Iterator
         path = out / (name.split()[0] + ".txt")
         # Installed with the dev extra, beside this interpreter (a venv's bin is not always
         # on PATH).
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        cmd = [spy, "record", "--pid", str(pid), "--format", "raw",
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        cmd = [exe, "record", "--pid", str(pid), "--format", "raw",
                "--rate", "200", "--nonblocking", "--output", str(path)]  # fmt: skip
         if descendants:
             cmd.append("--subprocesses")
