@@ -107,7 +107,9 @@ class RenderActivities:
         items: list[ledger.items.NewItem],
         done: set[str],
     ) -> None:
-        """Count what was answered: the items' metrics, and the cache entries' hits."""
+        """Count what was answered: the items' metrics, and the cache entries' hits (for
+        each finished item whose cache key was looked up: an item its job's own lead
+        answered counts too, as the entry would have answered it)."""
         metrics = telemetry.metrics()
         for group in answered:
             metrics.count_items(
