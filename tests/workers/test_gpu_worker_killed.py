@@ -68,8 +68,10 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
     try:
         await wait_for_pollers(temporal_client, [queue], procs=[first], within_s=300)
         handle, _ = await start_job(temporal_client, spec, settings=stack)
-        # Kill while items are claimed and unfinished, not on a shard boundary.
-        at_kill = await kill_holding_items(pool, spec.job_id, first, after=ROWS // 4)
+        # Kill while items are claimed and unfinished, not on a shard boundary: while
+        # the first two shards run. Every later shard finds all its prompts led and
+        # answered when it renders, so it never holds an item.
+        at_kill = await kill_holding_items(pool, spec.job_id, first, after=SHARD // 4)
         killed_at = time.monotonic()
         second = gpu_worker_process(stack, model, tmp_path / "gpu-2.log")
         summary = await asyncio.wait_for(job_result(handle), 900)
@@ -99,6 +101,10 @@ async def test_killed_gpu_worker_is_replaced_and_every_item_ends_once(
     reclaimed = sum(1 for r in rows if r["attempt"] > 1)
     assert reclaimed == at_kill.running
     assert 0 < reclaimed <= 2 * SHARD
+    # The first two shards hold every distinct prompt; once one of them ended, each was
+    # led and answered, so every later shard was answered at render (never claimed).
+    # (The second of the first two may render after some of the first's leads ended.)
+    assert sum(1 for r in rows if r["attempt"] == 0) >= ROWS - 2 * SHARD
     # Each distinct prompt has exactly one generated result in the ledger; every other
     # item shares the result of an item with the same prompt.
     generated = [r["prompt_hash"] for r in rows if r["result_source"] == "generated"]
