@@ -141,8 +141,9 @@ async def run_remote_worker(
             )
         queues = [w.task_queue for w in workers]
         async with contextlib.AsyncExitStack() as stack:
-            for worker, engine in zip(workers[1:], engines[1:], strict=True):
-                await stack.enter_async_context(worker)
+            for worker, engine in zip(workers, engines, strict=True):
+                if worker is not workers[0]:  # serve() runs the first
+                    await stack.enter_async_context(worker)
                 await stack.enter_async_context(
                     advertise(
                         pool,
@@ -153,16 +154,6 @@ async def run_remote_worker(
                         settings=settings,
                     )
                 )
-            await stack.enter_async_context(
-                advertise(
-                    pool,
-                    workers[0],
-                    model=engines[0].model,
-                    task=task,
-                    weights=engines[0].weights,
-                    settings=settings,
-                )
-            )
             await serve(
                 workers[0],
                 name=name,

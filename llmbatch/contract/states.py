@@ -88,7 +88,8 @@ ITEM_TRANSITIONS: Mapping[tuple[ItemStatus, ItemStatus], str] = MappingProxyType
         # A lease that lapsed (its attempt died) is taken over by a newer attempt.
         (ItemStatus.RUNNING, ItemStatus.RUNNING): "items.claim_items",
         (ItemStatus.RUNNING, ItemStatus.SUCCEEDED): "items.record_results",
-        # Answered from the result cache at render (a new item is inserted succeeded).
+        # Answered at render, from the job's own lead or the result cache (a new item
+        # is inserted succeeded).
         (ItemStatus.PENDING, ItemStatus.SUCCEEDED): "items.register_items",
         (ItemStatus.RUNNING, ItemStatus.DEAD): "items.record_dead, dead_letters.dead_letter_shard",
         # Rows that failed before anything claimed them, or a shard that failed for good.

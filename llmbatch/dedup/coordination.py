@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from llmbatch.contract.spec import EndpointVia, JobSpec, Task
 from llmbatch.contract.states import ResultSource
 from llmbatch.dedup import leads, result_cache
-from llmbatch.dedup.keys import cache_key, cache_scope, request_key
+from llmbatch.dedup.keys import cache_anonymous, cache_key, cache_scope, request_key
 from llmbatch.formats.records import StagedRequest
 from llmbatch.ledger.served_models import CachePolicy
 
@@ -118,7 +118,7 @@ async def from_cache(ctx: RecordingContext, recorder: Recorder, groups: list[Gro
     )
     job_id = recorder.job_id
     # A hit of a cache shared across tenants may be another tenant's: never named.
-    anonymous = recorder.scope is None and recorder.tenant is not None
+    anonymous = cache_anonymous(recorder.tenant, recorder.scope)
     rest: list[Group] = []
     for group in groups:
         hit = hits.get(recorder.cache_key(group.key)) if group.key is not None else None
@@ -179,9 +179,8 @@ def render_answers(spec: JobSpec, policy: CachePolicy | None) -> RenderAnswers |
     """
     if spec.task is not Task.GENERATE or spec.via is EndpointVia.BATCH:
         return None
-    weights = policy.weights if policy is not None else None
-    if policy is None or not (spec.cache if spec.cache is not None else policy.cache):
-        weights = None
+    cache_on = policy is not None and (spec.cache if spec.cache is not None else policy.cache)
+    weights = policy.weights if policy is not None and cache_on else None
     if weights is None and not spec.dedup:
         return None
     scope = cache_scope(spec.tenant, shared=policy.shared) if policy is not None else None
@@ -189,7 +188,7 @@ def render_answers(spec: JobSpec, policy: CachePolicy | None) -> RenderAnswers |
         leads=spec.dedup,
         weights=weights,
         scope=scope,
-        anonymous=scope is None and spec.tenant is not None,
+        anonymous=cache_anonymous(spec.tenant, scope),
     )
 
 

@@ -120,6 +120,12 @@ def cache_scope(tenant: str | None, *, shared: bool) -> str | None:
     return None if shared or tenant is None else f"tenant:{tenant}"
 
 
+def cache_anonymous(tenant: str | None, scope: str | None) -> bool:
+    """Whether a cache hit for a job of ``tenant`` in ``scope`` must not name the job
+    it came from: in a cache shared across tenants it may be another tenant's."""
+    return scope is None and tenant is not None
+
+
 def weights_fingerprint(model: str, *, revision: str | None = None) -> str | None:
     """What identifies the weights a worker loaded for ``model``, or None when nothing
     does (then nothing is cached: an unknown model must never answer from the cache).

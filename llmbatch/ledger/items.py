@@ -40,8 +40,8 @@ class NewItem:
 
 @dataclass(slots=True)
 class Answered:
-    """Items that registering answered from the result cache, of one result source
-    (``cached``, or ``deduplicated`` where the entry is the job's own), and their tokens."""
+    """Items that registering answered, of one result source (``deduplicated``: the
+    job's own lead or cache entry; ``cached``: another job's entry), and their tokens."""
 
     source: ResultSource
     items: int
@@ -51,9 +51,9 @@ class Answered:
 
 @dataclass(slots=True)
 class Registered:
-    """What registering a shard's items found: ids already finished (those the cache
-    answered now among them), ids that another shard of the job registered first (a
-    repeated item id), and what the cache answered."""
+    """What registering a shard's items found: ids already finished (those answered
+    now among them), ids that another shard of the job registered first (a repeated
+    item id), and what was answered."""
 
     done: set[str]
     elsewhere: set[str]
