@@ -14,7 +14,6 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
-from temporalio.worker import Replayer
 
 from llmbatch import ledger, storage
 from llmbatch.client.temporal import start_api_batch
@@ -24,6 +23,7 @@ from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
 from llmbatch.ledger import api_layout
+from tests.fixtures.replay import replayer
 from tests.llmbatch.cli.test_control import eventually
 from tests.llmbatch.cli.test_jobs import cli
 from workflows.batch_job import BatchJobWorkflow
@@ -156,8 +156,8 @@ async def batch_files(
 
 async def replays(client: Client, handle: WorkflowHandle[Any, JobSummary]) -> None:
     """The batch's history replays on today's code: its new steps are deterministic."""
-    replayer = Replayer(workflows=[BatchJobWorkflow], data_converter=client.data_converter)
-    await replayer.replay_workflow(await handle.fetch_history())
+    replaying = replayer([BatchJobWorkflow], data_converter=client.data_converter)
+    await replaying.replay_workflow(await handle.fetch_history())
 
 
 async def until(condition: Any) -> None:

@@ -16,7 +16,6 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Replayer
 
 from llmbatch import formats, ledger, storage
 from llmbatch.client.temporal import start_job
@@ -25,6 +24,7 @@ from llmbatch.contract import search_attributes
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, OutputFormat, SamplingSpec
 from llmbatch.contract.states import FailureType
+from tests.fixtures.replay import replayer
 from workflows.batch_job import BatchJobWorkflow
 from workflows.shard import ShardWorkflow
 
@@ -377,9 +377,9 @@ async def test_histories_replay_without_nondeterminism(
     ):
         histories.append(await temporal_client.get_workflow_handle(execution.id).fetch_history())
     assert histories, "the other tests in this module should have left histories"
-    replayer = Replayer(
-        workflows=[BatchJobWorkflow, ShardWorkflow],
+    replaying = replayer(
+        [BatchJobWorkflow, ShardWorkflow],
         data_converter=temporal_client.data_converter,
     )
     for history in histories:
-        await replayer.replay_workflow(history)
+        await replaying.replay_workflow(history)

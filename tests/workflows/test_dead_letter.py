@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
-from temporalio.worker import Replayer
 
 from llmbatch import storage
 from llmbatch.client.temporal import start_job
@@ -18,6 +17,7 @@ from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import dead_letter_workflow_id
+from tests.fixtures.replay import replayer
 from tests.llmbatch.cli.test_jobs import cli
 from tests.workflows.test_batch_job import LABELS, classify, ledger_counts, output_rows, run
 from workflows.dead_letter import DeadLetterWorkflow
@@ -155,8 +155,8 @@ async def test_poison_rows_are_dead_lettered_and_a_redrive_brings_the_fixable_ba
     view_now = await handle.query("dead_letters", result_type=DeadLetterView)
     assert view_now.dead == 4
     history = await handle.fetch_history()
-    await Replayer(
-        workflows=[DeadLetterWorkflow, ShardWorkflow],
+    await replayer(
+        [DeadLetterWorkflow, ShardWorkflow],
         data_converter=temporal_client.data_converter,
     ).replay_workflow(history)
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
@@ -37,6 +36,7 @@ from llmbatch.contract.names import (
     dead_letter_workflow_id,
 )
 from llmbatch.engine.vllm_engine import Engine
+from tests.fixtures.replay import replayer
 from tests.fixtures.small_history import one_row_shard_job, small_history_env
 from workers.cpu import cpu_worker
 from workers.gpu import gpu_worker
@@ -117,11 +117,11 @@ async def test_every_workflow_replays_deterministically(
     if os.environ.get("LLMBATCH_RECORD_HISTORIES"):
         # One file per run: every job run, the first shard, the re-driven shard, the DLQ.
         record(RECORDED, [*job_runs, shard_runs[0], shard_runs[-1], *dlq_runs])
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replaying = replayer(WORKFLOWS, data_converter=pydantic_data_converter)
     replayed: dict[str, int] = {}
     for history in [*job_runs, *shard_runs, *dlq_runs]:
         # Raises on a non-determinism error (or any other workflow task failure).
-        result = await replayer.replay_workflow(history)
+        result = await replaying.replay_workflow(history)
         assert result.replay_failure is None, history.workflow_id
         replayed[_kind(history)] = replayed.get(_kind(history), 0) + 1
     assert replayed.keys() == {BATCH_JOB_WORKFLOW, SHARD_WORKFLOW, DEAD_LETTER_WORKFLOW}
@@ -148,12 +148,12 @@ def record(folder: Path, runs: list[WorkflowHistory]) -> None:
 
 async def test_histories_recorded_by_earlier_releases_replay() -> None:
     files = sorted(RECORDED.glob("*.json"))
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replaying = replayer(WORKFLOWS, data_converter=pydantic_data_converter)
     kinds: set[str] = set()
     for path in files:
         recorded = json.loads(path.read_text())
         history = WorkflowHistory.from_json(recorded["workflow_id"], recorded["history"])
-        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        result = await replaying.replay_workflow(history, raise_on_replay_failure=False)
         assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"
         kinds.add(_kind(history))
     # Every workflow type has a recorded history to be replayed.

@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import Client
-from temporalio.worker import Replayer
 
 from llmbatch import telemetry
 from llmbatch.config import Settings
+from tests.fixtures.replay import replayer
 from tests.workflows.test_batch_job import classify_on_disk, companies, run
 from workflows.batch_job import BatchJobWorkflow
 from workflows.shard import ShardWorkflow
@@ -141,15 +141,15 @@ async def test_one_job_is_one_connected_trace(
     # The job's histories replay with the interceptor in place, and a replay adds
     # no spans (workflow spans are made once, on first execution only).
     workflow_ids = [spec.job_id] + [f"{spec.job_id}/shard-{n:05d}" for n in range(shards)]
-    replayer = Replayer(
-        workflows=[BatchJobWorkflow, ShardWorkflow],
+    replaying = replayer(
+        [BatchJobWorkflow, ShardWorkflow],
         data_converter=temporal_client.data_converter,
         interceptors=[telemetry.tracing_interceptor()],
     )
     before = len(spans.get_finished_spans())
     for workflow_id in workflow_ids:
         history = await temporal_client.get_workflow_handle(workflow_id).fetch_history()
-        await replayer.replay_workflow(history)
+        await replaying.replay_workflow(history)
     assert len(spans.get_finished_spans()) == before
 
 
