@@ -1,4 +1,5 @@
-"""fetch_shard: read one shard's rows from the input and stage them."""
+"""Reading one shard's rows from the input (:func:`read_shard_rows`), and the
+``fetch_shard`` step of shards started before ``prepare_shard`` read and rendered them."""
 
 from __future__ import annotations
 
@@ -27,27 +28,32 @@ class FetchActivities:
 
     @activity.defn(name=FETCH_SHARD)
     async def fetch_shard(self, input: ShardInput) -> FetchResult:
-        """Read the shard's row range and stage the rows with their item ids."""
-        layout = input.layout
-        plan = formats.ShardPlan.model_validate_json(
-            await self._ctx.read(layout.shard_plan(input.shard))
+        """Read the shard's row range and stage the rows with their item ids: the first
+        step of shards started before ``prepare_shard`` did this and rendering both."""
+        rows = await read_shard_rows(self._ctx, input)
+        await self._ctx.write(input.layout.shard_rows(input.shard), dump_jsonl(rows))
+        return FetchResult(rows=len(rows), invalid=sum(r.fields is None for r in rows))
+
+
+async def read_shard_rows(ctx: ActivityContext, input: ShardInput) -> list[StagedRow]:
+    """The shard's rows from the input (its row range, by its plan), with item ids."""
+    layout = input.layout
+    plan = formats.ShardPlan.model_validate_json(await ctx.read(layout.shard_plan(input.shard)))
+    store = None if layout.input_format is InputFormat.TABLE else ctx.store(plan.uri)
+    with telemetry.span(
+        "shard.read_input",
+        shard=input.shard,
+        format=layout.input_format.value,
+        # JSONL and CSV shards are byte ranges; Parquet shards row groups.
+        bytes=plan.end - plan.start if plan.end else None,
+    ) as span:
+        rows = await read_staged_rows(
+            ctx.settings, store, plan, layout.input_format, spec=input.spec
         )
-        store = None if layout.input_format is InputFormat.TABLE else self._ctx.store(plan.uri)
-        with telemetry.span(
-            "fetch_shard.read_input",
-            shard=input.shard,
-            format=layout.input_format.value,
-            # JSONL and CSV shards are byte ranges; Parquet shards row groups.
-            bytes=plan.end - plan.start if plan.end else None,
-        ) as span:
-            rows = await read_staged_rows(
-                self._ctx.settings, store, plan, layout.input_format, spec=input.spec
-            )
-            invalid = sum(r.fields is None for r in rows)
-            span.set_attributes(telemetry.attrs(rows=len(rows), invalid_rows=invalid))
-        await self._ctx.write(layout.shard_rows(input.shard), dump_jsonl(rows))
-        telemetry.annotate(job_id=input.spec.job_id, shard=input.shard, rows=len(rows))
-        return FetchResult(rows=len(rows), invalid=invalid)
+        invalid = sum(r.fields is None for r in rows)
+        span.set_attributes(telemetry.attrs(rows=len(rows), invalid_rows=invalid))
+    telemetry.annotate(job_id=input.spec.job_id, shard=input.shard, rows=len(rows))
+    return rows
 
 
 async def read_staged_rows(
@@ -58,7 +64,7 @@ async def read_staged_rows(
     *,
     spec: JobSpec,
 ) -> list[StagedRow]:
-    """One shard's rows with their item ids, as ``fetch_shard`` stages them (and
+    """One shard's rows with their item ids, as ``prepare_shard`` reads them (and
     ``submit --estimate`` counts them); ``store`` is None for a table."""
     if fmt is InputFormat.TABLE:
         return await _read_table_rows(settings, plan, max_row_bytes=spec.max_row_bytes)

@@ -1,4 +1,6 @@
-"""render_prompts: turn staged rows into generation requests, register them in the ledger.
+"""Rendering a shard's rows into generation requests and registering them in the ledger
+(:func:`render_and_register`, the second half of ``prepare_shard``), and the
+``render_prompts`` step of shards started before that step existed.
 
 Requests another shard of the job already answered, or the result cache holds, are
 answered here, as a generate attempt would answer them
@@ -37,97 +39,109 @@ class RenderActivities:
 
     @activity.defn(name=RENDER_PROMPTS)
     async def render_prompts(self, input: ShardInput) -> RenderResult:
-        """Render every row; rows that can never run go to the dead list right here."""
-        layout, spec, shard = input.layout, input.spec, input.shard
-        rows = list(load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow))
-        requests, dead = await render_rows(
-            self._ctx.renders,
-            spec,
-            layout.input_format,
-            rows,
-            shard=shard,
-            overrides=input.sampling_overrides,
+        """Render the rows ``fetch_shard`` staged: the second step of shards started
+        before ``prepare_shard`` did both (workflows.shard keeps them replaying)."""
+        rows = list(
+            load_jsonl(await self._ctx.read(input.layout.shard_rows(input.shard)), StagedRow)
         )
-        answers = render_answers(
-            spec, await cache_policy(self._ctx.pool, task_queue=input.gpu_task_queue)
-        )
+        return await render_and_register(self._ctx, input, rows)
+
+
+async def render_and_register(
+    ctx: ActivityContext, input: ShardInput, rows: list[StagedRow]
+) -> RenderResult:
+    """Render every row; rows that can never run go to the dead list right here, and
+    requests already answered are recorded succeeded; the rest are staged for generate."""
+    layout, spec, shard = input.layout, input.spec, input.shard
+    requests, dead = await render_rows(
+        ctx.renders,
+        spec,
+        layout.input_format,
+        rows,
+        shard=shard,
+        overrides=input.sampling_overrides,
+    )
+    answers = render_answers(spec, await cache_policy(ctx.pool, task_queue=input.gpu_task_queue))
+    items = _new_items(spec, rows, requests, answers)
+    registered = await ledger.items.register_items(
+        ctx.pool,
+        job_id=spec.job_id,
+        shard=shard,
+        items=items,
+        anonymous=answers is not None and answers.anonymous,
+    )
+    if registered.elsewhere:
+        # Another shard has these ids: the copies here get ids of their own (by
+        # position) and die, so every row is accounted for exactly once.
+        rows, repeated = _rename_repeated(rows, registered.elsewhere)
+        for row in repeated:
+            requests.pop(row.fields_id, None)
+            dead.append(
+                ledger.items.DeadItem(
+                    item_id=row.item_id,
+                    shard=shard,
+                    error_class=ErrorClass.INVALID_ITEM_ID,
+                    error_message=f"item id {row.fields_id!r} repeats a row of another shard",
+                    source=row.source,
+                )
+            )
         items = _new_items(spec, rows, requests, answers)
         registered = await ledger.items.register_items(
-            self._ctx.pool,
+            ctx.pool,
             job_id=spec.job_id,
             shard=shard,
             items=items,
             anonymous=answers is not None and answers.anonymous,
         )
-        if registered.elsewhere:
-            # Another shard has these ids: the copies here get ids of their own (by
-            # position) and die, so every row is accounted for exactly once.
-            rows, repeated = _rename_repeated(rows, registered.elsewhere)
-            for row in repeated:
-                requests.pop(row.fields_id, None)
-                dead.append(
-                    ledger.items.DeadItem(
-                        item_id=row.item_id,
-                        shard=shard,
-                        error_class=ErrorClass.INVALID_ITEM_ID,
-                        error_message=f"item id {row.fields_id!r} repeats a row of another shard",
-                        source=row.source,
-                    )
-                )
-            items = _new_items(spec, rows, requests, answers)
-            registered = await ledger.items.register_items(
-                self._ctx.pool,
-                job_id=spec.job_id,
-                shard=shard,
-                items=items,
-                anonymous=answers is not None and answers.anonymous,
-            )
-        done = registered.done
-        if registered.answered:
-            await self._answered(spec, registered.answered, items, done)
-        todo_dead = [d for d in dead if d.item_id not in done]
-        if todo_dead:
-            marked = await ledger.items.record_dead(
-                self._ctx.pool, job_id=spec.job_id, lease_owner=None, items=todo_dead
-            )
-            telemetry.metrics().count_items(
-                marked, job_id=spec.job_id, model=spec.model, status=ItemStatus.DEAD
-            )
-        todo = [r for r in requests.values() if r.item_id not in done]
-        await self._ctx.write(layout.shard_requests(shard), dump_jsonl(todo))
-        telemetry.annotate(
-            job_id=spec.job_id, shard=shard, rows=len(rows), requests=len(todo), dead=len(todo_dead)
+    done = registered.done
+    if registered.answered:
+        await _count_answered(ctx, spec, registered.answered, items, done)
+    todo_dead = [d for d in dead if d.item_id not in done]
+    if todo_dead:
+        marked = await ledger.items.record_dead(
+            ctx.pool, job_id=spec.job_id, lease_owner=None, items=todo_dead
         )
-        return RenderResult(to_generate=len(todo), already_done=len(done), dead=len(todo_dead))
+        telemetry.metrics().count_items(
+            marked, job_id=spec.job_id, model=spec.model, status=ItemStatus.DEAD
+        )
+    todo = [r for r in requests.values() if r.item_id not in done]
+    if todo:
+        # Only a shard with requests to run has a generate step to read them.
+        await ctx.write(layout.shard_requests(shard), dump_jsonl(todo))
+    telemetry.annotate(
+        job_id=spec.job_id, shard=shard, rows=len(rows), requests=len(todo), dead=len(todo_dead)
+    )
+    return RenderResult(to_generate=len(todo), already_done=len(done), dead=len(todo_dead))
 
-    async def _answered(
-        self,
-        spec: JobSpec,
-        answered: list[ledger.items.Answered],
-        items: list[ledger.items.NewItem],
-        done: set[str],
-    ) -> None:
-        """Count what was answered: the items' metrics, and the cache entries' hits (for
-        each finished item whose cache key was looked up: an item its job's own lead
-        answered counts too, as the entry would have answered it)."""
-        metrics = telemetry.metrics()
-        for group in answered:
-            metrics.count_items(
-                group.items,
-                job_id=spec.job_id,
-                model=spec.model,
-                status=ItemStatus.SUCCEEDED,
-                source=group.source,
-            )
-            metrics.count_tokens(
-                prompt=group.prompt_tokens,
-                completion=group.completion_tokens,
-                job_id=spec.job_id,
-                model=spec.model,
-                reused=True,
-            )
-        uses = Counter(i.cache_key for i in items if i.cache_key and i.item_id in done)
-        await result_cache.count_hits(self._ctx.pool, uses=uses)
+
+async def _count_answered(
+    ctx: ActivityContext,
+    spec: JobSpec,
+    answered: list[ledger.items.Answered],
+    items: list[ledger.items.NewItem],
+    done: set[str],
+) -> None:
+    """Count what was answered: the items' metrics, and the cache entries' hits (for
+    each finished item whose cache key was looked up: an item its job's own lead
+    answered counts too, as the entry would have answered it)."""
+    metrics = telemetry.metrics()
+    for group in answered:
+        metrics.count_items(
+            group.items,
+            job_id=spec.job_id,
+            model=spec.model,
+            status=ItemStatus.SUCCEEDED,
+            source=group.source,
+        )
+        metrics.count_tokens(
+            prompt=group.prompt_tokens,
+            completion=group.completion_tokens,
+            job_id=spec.job_id,
+            model=spec.model,
+            reused=True,
+        )
+    uses = Counter(i.cache_key for i in items if i.cache_key and i.item_id in done)
+    await result_cache.count_hits(ctx.pool, uses=uses)
 
 
 async def render_rows(
@@ -139,7 +153,7 @@ async def render_rows(
     shard: int,
     overrides: dict[str, Any],
 ) -> tuple[dict[str, StagedRequest], list[ledger.items.DeadItem]]:
-    """Staged requests and dead items for a shard's ``rows``, as ``render_prompts``
+    """Staged requests and dead items for a shard's ``rows``, as ``prepare_shard``
     makes them (and ``submit --estimate`` counts them)."""
     # Templates render in child processes (llmbatch.rendering.pool): a runaway one
     # costs its rows their time limit, never this worker's event loop.

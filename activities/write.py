@@ -25,6 +25,14 @@ from llmbatch.tables.connect import TableError
 log = logging.getLogger(__name__)
 
 
+def reads_staged_rows(spec: JobSpec, fmt: InputFormat) -> bool:
+    """Whether ``write_shard`` reads the shard's staged rows: their fields go into the
+    output, except for OpenAI batch lines answered with completions, whose lines are
+    made from the ledger alone (so ``prepare_shard`` does not stage those rows at all)."""
+    openai_text = fmt is InputFormat.OPENAI and spec.task is Task.GENERATE
+    return not openai_text or spec.table_output
+
+
 class WriteActivities:
     def __init__(self, ctx: ActivityContext) -> None:
         self._ctx = ctx
@@ -33,17 +41,13 @@ class WriteActivities:
     async def write_shard(self, input: ShardInput) -> ShardSummary:
         """Write one output row per item of the shard; a retry rewrites the same object."""
         spec, layout, shard = input.spec, input.layout, input.shard
-        # The rows' fields go into the output, except for OpenAI batch lines answered
-        # with completions: their lines are made from the ledger alone, so the staged
-        # rows (a third of what the shard stages) are not read again.
-        openai_text = layout.input_format is InputFormat.OPENAI and spec.task is Task.GENERATE
         rows = (
-            {}
-            if openai_text and not spec.table_output
-            else {
+            {
                 r.item_id: r
                 for r in load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow)
             }
+            if reads_staged_rows(spec, layout.input_format)
+            else {}
         )
         entries = await ledger.items.shard_results(self._ctx.pool, job_id=spec.job_id, shard=shard)
         unfinished = [e.item_id for e in entries if e.status not in TERMINAL_STATUSES]

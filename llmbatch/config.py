@@ -108,7 +108,7 @@ class Settings(BaseSettings):
         default=False,
         description="Answer reproducible requests (greedy or seeded) of jobs that do not say "
         "(JobSpec.cache unset) from earlier jobs' results for the same model weights. Read by "
-        "GPU and remote workers, which record it with their queue for the render step; "
+        "GPU and remote workers, which record it with their queue for the prepare step; "
         "`submit --cache/--no-cache` decides per job.",
     )
     cache_shared_across_tenants: bool = Field(
@@ -116,7 +116,7 @@ class Settings(BaseSettings):
         description="Let the result cache answer a job from another tenant's results (an "
         "API project is its batches' tenant). Off: each tenant's results answer its own "
         "jobs only, so no tenant gets, or can time, another's. Read by GPU and remote workers "
-        "(recorded with their queue for the render step).",
+        "(recorded with their queue for the prepare step).",
     )
     drain_timeout: timedelta = Field(
         default=timedelta(seconds=25),

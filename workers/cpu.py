@@ -17,6 +17,7 @@ from activities.dead_letters import DeadLetterActivities
 from activities.drain import Drain
 from activities.fetch import FetchActivities
 from activities.planning import PlanningActivities
+from activities.prepare import PrepareActivities
 from activities.provider_batch import ProviderBatchActivities
 from activities.render import RenderActivities
 from activities.write import WriteActivities
@@ -44,6 +45,7 @@ def build_cpu_worker(
     """
     planning, fetch = PlanningActivities(ctx), FetchActivities(ctx)
     render, write = RenderActivities(ctx), WriteActivities(ctx)
+    prepare = PrepareActivities(ctx)
     control = ControlActivities(ctx)
     dead_letters = DeadLetterActivities(ctx)
     api_batch = ApiBatchActivities(ctx)
@@ -61,6 +63,8 @@ def build_cpu_worker(
             planning.plan_job,
             planning.finalize_job,
             planning.record_job_end,
+            prepare.prepare_shard,
+            # Shards started before prepare_shard existed still run these two.
             fetch.fetch_shard,
             render.render_prompts,
             write.write_shard,

@@ -84,7 +84,7 @@ def advertise(
 ) -> contextlib.AbstractAsyncContextManager[None]:
     """Record ``worker``'s queue, model and cache use in the ledger while it runs, so
     `GET /v1/models` and `llm-batch queues` can name the model behind a hashed queue,
-    and the render step answers from the result cache as this worker would."""
+    and the prepare step answers from the result cache as this worker would."""
     return advertised(
         pool,
         ServedQueue(

@@ -1,4 +1,4 @@
-"""ShardWorkflow: one shard's rows through fetch → render → generate → write."""
+"""ShardWorkflow: one shard's rows through prepare (read and render) → generate → write."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.dead_letters import FailShardInput
     from llmbatch.contract.messages import (
         FetchResult,
+        PrepareResult,
         RenderResult,
         ShardCounts,
         ShardInput,
@@ -29,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         FAIL_SHARD,
         FETCH_SHARD,
         GENERATE,
+        PREPARE_SHARD,
         RENDER_PROMPTS,
         REPORT_DEAD_LETTERS,
         SHARD_FINISHED_SIGNAL,
@@ -77,20 +79,31 @@ class ShardWorkflow:
 
     async def _run_steps(self, input: ShardInput, summary: ShardSummary) -> ShardSummary:
         spec, shard = input.spec, input.shard
-        fetched: FetchResult = await workflow.execute_activity(
-            FETCH_SHARD,
-            input,
-            result_type=FetchResult,
-            **options.cpu_step(spec, summary=f"shard {shard}: read rows"),
-        )
-        summary.items = fetched.rows
-        _stop_if_cancelled()
-        rendered: RenderResult = await workflow.execute_activity(
-            RENDER_PROMPTS,
-            input,
-            result_type=RenderResult,
-            **options.cpu_step(spec, summary=f"shard {shard}: render prompts"),
-        )
+        rendered: RenderResult
+        if workflow.patched(PREPARE_SHARD):
+            prepared: PrepareResult = await workflow.execute_activity(
+                PREPARE_SHARD,
+                input,
+                result_type=PrepareResult,
+                **options.cpu_step(spec, summary=f"shard {shard}: read and render rows"),
+            )
+            summary.items, rendered = prepared.rows, prepared
+        else:
+            # A shard started before prepare_shard existed: its two steps, as recorded.
+            fetched: FetchResult = await workflow.execute_activity(
+                FETCH_SHARD,
+                input,
+                result_type=FetchResult,
+                **options.cpu_step(spec, summary=f"shard {shard}: read rows"),
+            )
+            summary.items = fetched.rows
+            _stop_if_cancelled()
+            rendered = await workflow.execute_activity(
+                RENDER_PROMPTS,
+                input,
+                result_type=RenderResult,
+                **options.cpu_step(spec, summary=f"shard {shard}: render prompts"),
+            )
         if rendered.to_generate and spec.via is EndpointVia.BATCH:
             _stop_if_cancelled()
             # The endpoint's Batch API runs the shard; the child waits for it durably.

@@ -387,6 +387,10 @@ class RenderResult(BaseModel):
     dead: int
 
 
+class PrepareResult(FetchResult, RenderResult):
+    """``prepare_shard``: the rows it read and what became of them."""
+
+
 class GenerateProgress(BaseModel):
     """Heartbeat details of ``generate``: how far the attempt got."""
 

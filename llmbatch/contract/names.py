@@ -18,6 +18,10 @@ DEAD_LETTER_WORKFLOW = "DeadLetterWorkflow"
 
 # Activities.
 PLAN_JOB = "plan_job"
+# A shard's first step: read its rows, render them, register them in the ledger (also
+# the patch id under which ShardWorkflow runs it).
+PREPARE_SHARD = "prepare_shard"
+# The two steps prepare_shard replaced, still run by shards started before it existed.
 FETCH_SHARD = "fetch_shard"
 RENDER_PROMPTS = "render_prompts"
 GENERATE = "generate"

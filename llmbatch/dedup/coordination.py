@@ -134,7 +134,7 @@ async def from_cache(ctx: RecordingContext, recorder: Recorder, groups: list[Gro
 
 @dataclass(frozen=True, slots=True)
 class RenderAnswers:
-    """How the render step answers a job's requests before they reach a worker: from
+    """How the prepare step answers a job's requests before they reach a worker: from
     the job's own succeeded leads (``leads``: in-job deduplication across shards), and
     from the result cache with the keys the queue's workers would use (``weights``,
     None: not from the cache; the job's tenant ``scope``). ``anonymous``: an entry of
@@ -169,7 +169,7 @@ class RenderAnswers:
 
 
 def render_answers(spec: JobSpec, policy: CachePolicy | None) -> RenderAnswers | None:
-    """Whether the render step answers ``spec``'s requests (None: not), for the queue's
+    """Whether the prepare step answers ``spec``'s requests (None: not), for the queue's
     workers' ``policy`` (:func:`llmbatch.ledger.served_models.cache_policy`).
 
     Only a generate job answered online (a provider batch looks up its own): from the

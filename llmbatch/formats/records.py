@@ -37,7 +37,7 @@ class _Staged(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class StagedRow(_Staged):
-    """One input row as read by ``fetch_shard``; ``fields`` is None when it was unreadable."""
+    """One input row as read by ``prepare_shard``; ``fields`` is None when it was unreadable."""
 
     item_id: str
     ordinal: int
@@ -48,7 +48,7 @@ class StagedRow(_Staged):
 
 
 class StagedRequest(_Staged):
-    """One request as rendered by ``render_prompts``: chat ``messages`` or a raw
+    """One request as rendered by ``prepare_shard``: chat ``messages`` or a raw
     ``prompt`` (an OpenAI /v1/completions request) to generate from, or (embed jobs)
     the ``texts`` to embed, one vector each."""
 

@@ -6,7 +6,7 @@ refreshes it while it runs; readers (``GET /v1/models``) keep the rows whose que
 pollers now, which says who is alive.
 
 A row also says how the queue's workers use the result cache (:class:`CachePolicy`):
-the render step answers cached requests with it before a shard reaches them.
+the prepare step answers cached requests with it before a shard reaches them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What planning, fetch_shard and write_shard call for a job with a table in or out.
+"""What planning, prepare_shard and write_shard call for a job with a table in or out.
 
 Every function raises :class:`~llmbatch.formats.planning.InvalidJobSpec` at planning for a job
 that can never run, :class:`~llmbatch.tables.connect.TableError` later for a database

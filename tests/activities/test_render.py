@@ -1,4 +1,4 @@
-"""render_prompts' rendering step on its own: no ledger, no storage."""
+"""prepare_shard's rendering on its own: no ledger, no storage."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress
 from llmbatch.contract.names import (
     DEAD_LETTERS_QUERY,
+    PREPARE_SHARD,
     PROGRESS_QUERY,
-    RENDER_PROMPTS,
     dead_letter_workflow_id,
     shard_workflow_id,
 )
@@ -66,13 +66,13 @@ def poisoned_job(tmp_path: Path, rows: list[dict[str, Any]], model: str) -> JobS
 
 
 async def render_running(client: Client, job_id: str) -> bool:
-    """Whether the job's shard 0 has its render_prompts step under way."""
+    """Whether the job's shard 0 has its prepare_shard step (which renders) under way."""
     try:
         described = await client.get_workflow_handle(shard_workflow_id(job_id, 0)).describe()
     except Exception:  # the shard has not started yet
         return False
     return any(
-        p.activity_type.name == RENDER_PROMPTS for p in described.raw_description.pending_activities
+        p.activity_type.name == PREPARE_SHARD for p in described.raw_description.pending_activities
     )
 
 
@@ -117,7 +117,7 @@ async def test_runaway_huge_range_and_blow_up_rows_die_alone_with_safe_messages(
     )
     assert view.dead == 4 and SECRET not in view.model_dump_json()
     assert {e.source for e in view.entries} == {f"{spec.inputs[0]}:line {n}" for n in (2, 3, 4, 5)}
-    # Row errors are no step failure: no step of the shard (render_prompts included) was retried.
+    # Row errors are no step failure: no step of the shard (prepare_shard included) was retried.
     history = await temporal_client.get_workflow_handle(
         shard_workflow_id(spec.job_id, 0)
     ).fetch_history()

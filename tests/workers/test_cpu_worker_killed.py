@@ -1,9 +1,9 @@
-"""SIGKILL a CPU worker inside fetch_shard, and another inside write_shard.
+"""SIGKILL a CPU worker inside prepare_shard, and another inside write_shard.
 
 Real processes: the CPU worker runs as ``llm-batch worker cpu`` on a task queue of
 its own (so the session's in-process CPU worker cannot take its work), with its S3
 traffic through a FaultInjectingS3Proxy. The proxy gives the kills their moment: it
-holds the worker's upload of a shard's staged rows (the last step of fetch_shard),
+holds the worker's upload of a shard's staged rows (in prepare_shard, before it renders),
 and later of an output part (write_shard), after half of the body has gone to the
 S3 server. The worker is SIGKILLed while the upload hangs there, so the server sees
 an upload cut off mid-body, and a new worker takes over. Generation runs on the
@@ -70,7 +70,7 @@ async def kill_when_held(proxy_hold: Any, proc: Any, what: str) -> tuple[str, fl
     return path, killed_at
 
 
-async def test_cpu_worker_killed_in_fetch_and_in_write_every_item_once(
+async def test_cpu_worker_killed_in_prepare_and_in_write_every_item_once(
     workers: Settings,
     temporal_client: Client,
     bucket: str,
@@ -106,7 +106,7 @@ async def test_cpu_worker_killed_in_fetch_and_in_write_every_item_once(
                 "s3_endpoint_url": proxy.url,
             }
         )
-        in_fetch = proxy.hold(lambda method, path: method == "PUT" and path.endswith(rows_key))
+        in_prepare = proxy.hold(lambda method, path: method == "PUT" and path.endswith(rows_key))
         in_write = proxy.hold(lambda method, path: method == "PUT" and path.endswith(part_key))
         try:
             for n in range(3):
@@ -122,7 +122,7 @@ async def test_cpu_worker_killed_in_fetch_and_in_write_every_item_once(
             started_at = time.monotonic()
             handle, _ = await start_job(temporal_client, spec, settings=own)
 
-            _, fetch_killed_at = await kill_when_held(in_fetch, first, "fetch_shard")
+            _, prepare_killed_at = await kill_when_held(in_prepare, first, "prepare_shard")
             # The cut-off upload left nothing behind.
             assert not object_exists(s3_client, bucket, rows_key)
             signal_group(second, signal.SIGCONT)
@@ -164,9 +164,9 @@ async def test_cpu_worker_killed_in_fetch_and_in_write_every_item_once(
         out_ids += [line["item_id"] for line in lines]
     assert len(out_ids) == ROWS and set(out_ids) == set(rows)
     print(
-        f"\nCPU worker killed in fetch_shard {fetch_killed_at - started_at:.1f} s into the "
+        f"\nCPU worker killed in prepare_shard {prepare_killed_at - started_at:.1f} s into the "
         f"job and in write_shard {write_killed_at - started_at:.1f} s in; job finished "
         f"{finished_at - write_killed_at:.1f} s after the second kill "
-        f"({finished_at - fetch_killed_at:.1f} s after the first); "
+        f"({finished_at - prepare_killed_at:.1f} s after the first); "
         f"{regenerated} items generated again; proxy saw {dict(proxy.calls)}"
     )

@@ -153,7 +153,7 @@ async def test_storage_outage_past_the_retry_budget_dead_letters_with_a_reason(
     broken = 2
     staged_rows = f"/out/{spec.job_id}/_staging/shard-{broken:05d}/rows.jsonl"
     with FaultInjectingS3Proxy(workers.s3_endpoint_url or "") as proxy:
-        # The outage begins as shard 2 stages its rows (inside fetch_shard) and lasts
+        # The outage begins as shard 2 stages its rows (inside prepare_shard) and lasts
         # until that shard has given up: every call fails meanwhile.
         hold = proxy.hold(lambda method, path: method == "PUT" and path.endswith(staged_rows))
         async with workers_behind(proxy, workers, temporal_client, engine, model_name) as own:

@@ -238,7 +238,7 @@ async def test_a_shard_that_fails_unread_is_dead_lettered_and_redriven_whole(
     assert code == 0, err
     assert view["by_class"] == {"ShardFailed": 30}
     assert {e["item_id"] for e in view["entries"]} == {f"row-{n}" for n in range(100, 130)}
-    assert all("fetch_shard" in e["message"] for e in view["entries"])
+    assert all("prepare_shard" in e["message"] for e in view["entries"])
     assert view["entries"][0]["source"] == f"{b_uri} (row 1 of 20 in shard 5, never read)"
 
     # The object is back: re-driving the shard failures reads the real rows, whose own

@@ -114,10 +114,10 @@ async def test_one_job_is_one_connected_trace(
     assert names["RunWorkflow:BatchJobWorkflow"] == 1
     assert names["StartChildWorkflow:ShardWorkflow"] == shards
     assert names["RunWorkflow:ShardWorkflow"] == shards
-    for activity in ("fetch_shard", "render_prompts", "generate", "write_shard"):
+    for activity in ("prepare_shard", "generate", "write_shard"):
         assert names[f"RunActivity:{activity}"] == shards, activity
     # ... and ours inside the activities: shard I/O and generation.
-    assert names["fetch_shard.read_input"] == shards
+    assert names["shard.read_input"] == shards
     assert names["generate.read_requests"] == shards
     assert names["generate.engine"] == shards
     assert names["storage.read"] >= 3 * shards and names["storage.write"] >= 3 * shards
@@ -130,7 +130,7 @@ async def test_one_job_is_one_connected_trace(
     engine_spans = by_name["generate.engine"]
     assert sum(_int(s, "llmbatch.succeeded") for s in engine_spans) == 45
     assert sorted(_int(s, "llmbatch.shard") for s in engine_spans) == list(range(shards))
-    assert sum(_int(s, "llmbatch.rows") for s in by_name["fetch_shard.read_input"]) == 45
+    assert sum(_int(s, "llmbatch.rows") for s in by_name["shard.read_input"]) == 45
     assert all(_int(s, "llmbatch.bytes") > 0 for s in by_name["storage.write"])
 
     # Counts and sizes only: no row data or prompt text in any attribute.
@@ -182,7 +182,7 @@ async def test_item_and_token_counters_equal_the_job_counts(
     model_name: str,
 ) -> None:
     rows: list[dict[str, Any]] = companies(40)
-    # Dead in render_prompts: the template's field is missing.
+    # Dead in prepare_shard's rendering: the template's field is missing.
     for row in rows[3:6]:
         del row["name"]
     # Dead in generate: longer than the test engine's 512-token context.

@@ -38,7 +38,6 @@ from llmbatch.contract.messages import (
     ApiBatchFiles,
     ApiBatchRecordInput,
     ApiBatchStatusInput,
-    FetchResult,
     FinalizeInput,
     GenerateResult,
     JobEndInput,
@@ -46,7 +45,7 @@ from llmbatch.contract.messages import (
     JobPausedInput,
     JobSummary,
     PlanResult,
-    RenderResult,
+    PrepareResult,
     ShardCounts,
     ShardInput,
     ShardSummary,
@@ -55,14 +54,13 @@ from llmbatch.contract.messages import (
 )
 from llmbatch.contract.names import (
     FAIL_SHARD,
-    FETCH_SHARD,
     FINALIZE_JOB,
     FINISH_API_BATCH,
     GENERATE,
     PLAN_JOB,
+    PREPARE_SHARD,
     RECORD_API_BATCH,
     RECORD_JOB_END,
-    RENDER_PROMPTS,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
     SET_API_BATCH_STATUS,
@@ -233,8 +231,7 @@ class StandIns:
         """Every stand-in but generate: what the CPU worker registers."""
         return [
             self.plan_job,
-            self.fetch_shard,
-            self.render_prompts,
+            self.prepare_shard,
             self.write_shard,
             self.finalize_job,
             self.record_job_end,
@@ -267,20 +264,16 @@ class StandIns:
             gpu_task_queue=self.gpu_task_queue,
         )
 
-    @activity.defn(name=FETCH_SHARD)
-    async def fetch_shard(self, input: ShardInput) -> FetchResult:
+    @activity.defn(name=PREPARE_SHARD)
+    async def prepare_shard(self, input: ShardInput) -> PrepareResult:
         if not input.redrive:
             self.in_flight.add(input.shard)
             self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
-        await self._step(FETCH_SHARD, input.shard, input.redrive)
+        await self._step(PREPARE_SHARD, input.shard, input.redrive)
         book = self._book(input.shard)
-        return FetchResult(rows=book.rows, invalid=0)
-
-    @activity.defn(name=RENDER_PROMPTS)
-    async def render_prompts(self, input: ShardInput) -> RenderResult:
-        await self._step(RENDER_PROMPTS, input.shard, input.redrive)
-        book = self._book(input.shard)
-        return RenderResult(to_generate=book.pending, already_done=book.succeeded, dead=0)
+        return PrepareResult(
+            rows=book.rows, invalid=0, to_generate=book.pending, already_done=book.succeeded, dead=0
+        )
 
     @activity.defn(name=GENERATE)
     async def generate(self, input: ShardInput) -> GenerateResult:

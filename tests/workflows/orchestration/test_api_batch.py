@@ -10,11 +10,11 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from llmbatch.contract.names import (
-    FETCH_SHARD,
     FINALIZE_JOB,
     FINISH_API_BATCH,
     GENERATE,
     PLAN_JOB,
+    PREPARE_SHARD,
     RECORD_JOB_END,
     SET_API_BATCH_STATUS,
     shard_workflow_id,
@@ -64,7 +64,7 @@ async def test_a_batch_that_fails_validation_runs_no_shard_and_ends_failed(
     assert cause.type == FailureType.INVALID_JOB_SPEC
     assert cause.message == INVALID_BATCH_MESSAGE
     s = run.stand_ins
-    assert s.called(PLAN_JOB) and not s.shards_at(FETCH_SHARD)
+    assert s.called(PLAN_JOB) and not s.shards_at(PREPARE_SHARD)
     # plan_job wrote the errors; this (fenced) status only makes sure of the end.
     assert api_steps(s.calls) == [(SET_API_BATCH_STATUS, BatchStatus.FAILED)]
 
@@ -83,7 +83,7 @@ async def test_the_completion_window_stops_the_batch_and_ends_it_expired(
         assert await run.status(run.job_id) == WorkflowExecutionStatus.COMPLETED
         description = await job.describe()
         assert (await description.memo()) == {"state": "expired"}
-        if s.called(FETCH_SHARD, 0):  # it started before the window closed: it was stopped
+        if s.called(PREPARE_SHARD, 0):  # it started before the window closed: it was stopped
             with pytest.raises(WorkflowFailureError) as shard_ended:
                 await result_of(run.shard(0))
             assert isinstance(shard_ended.value.cause, CancelledError)
@@ -94,7 +94,7 @@ async def test_the_completion_window_stops_the_batch_and_ends_it_expired(
     # Nothing succeeded: every request is in the error file.
     total = sum(rows_of(shard) for shard in range(3))
     assert (summary.items_succeeded, summary.items_dead) == (0, total)
-    assert s.shards_at(FETCH_SHARD) in ([], [0])
+    assert s.shards_at(PREPARE_SHARD) in ([], [0])
     assert api_steps(s.calls) == [
         (FINISH_API_BATCH, BatchStatus.EXPIRED),
         (RECORD_JOB_END, JobState.EXPIRED),
@@ -121,7 +121,7 @@ async def test_a_cancelled_batch_keeps_its_finished_results_and_ends_cancelled(
         (FINISH_API_BATCH, BatchStatus.CANCELLED),
         (RECORD_JOB_END, JobState.CANCELLED),
     ]
-    assert s.shards_at(FETCH_SHARD) == [0, 1]
+    assert s.shards_at(PREPARE_SHARD) == [0, 1]
 
 
 async def test_a_batch_cancelled_while_it_validates_ends_cancelled_not_failed(

@@ -9,10 +9,9 @@ from temporalio.exceptions import CancelledError
 
 from llmbatch.contract.messages import ShardSummary
 from llmbatch.contract.names import (
-    FETCH_SHARD,
     GENERATE,
+    PREPARE_SHARD,
     RECORD_JOB_END,
-    RENDER_PROMPTS,
     WRITE_SHARD,
     shard_workflow_id,
 )
@@ -22,7 +21,7 @@ from tests.workflows.orchestration.stand_ins import rows_of
 
 SHARDS = 4
 WINDOW = 3
-HELD_AT_FETCH = 0  # a CPU step, cancelled at once (TRY_CANCEL)
+HELD_AT_PREPARE = 0  # a CPU step, cancelled at once (TRY_CANCEL)
 FINISHES_ANYWAY = 1  # its generate returns normally after the cancel reached it
 CANCELLED_IN_GENERATE = 2  # its generate honours the cancel
 
@@ -30,7 +29,7 @@ CANCELLED_IN_GENERATE = 2  # its generate honours the cancel
 async def test_cancelling_the_job_cancels_every_running_shard(
     orchestration_client: Client,
 ) -> None:
-    """Three shards run (held at fetch, in a generate that will ignore the cancel, in
+    """Three shards run (held in prepare_shard, in a generate that will ignore the cancel, in
     a generate that honours it) when the job is cancelled: the job and all three end
     CANCELED, none writes its output part (not even the one whose generate returned
     normally after the cancel), and the fourth shard never starts."""
@@ -40,11 +39,11 @@ async def test_cancelling_the_job_cancels_every_running_shard(
         ignore_cancel=[(GENERATE, FINISHES_ANYWAY)],
     ) as run:
         s = run.stand_ins
-        s.close_gate(FETCH_SHARD, HELD_AT_FETCH)
+        s.close_gate(PREPARE_SHARD, HELD_AT_PREPARE)
         s.close_gate(GENERATE, FINISHES_ANYWAY)
         s.close_gate(GENERATE, CANCELLED_IN_GENERATE)
         job = await run.start_job(max_concurrent_shards=WINDOW)
-        await s.until_called(FETCH_SHARD, HELD_AT_FETCH)
+        await s.until_called(PREPARE_SHARD, HELD_AT_PREPARE)
         await s.until_called(GENERATE, FINISHES_ANYWAY)
         await s.until_called(GENERATE, CANCELLED_IN_GENERATE)
 
@@ -52,7 +51,7 @@ async def test_cancelling_the_job_cancels_every_running_shard(
         with pytest.raises(WorkflowFailureError) as ended:
             await result_of(job)
         assert isinstance(ended.value.cause, CancelledError)
-        for shard in (HELD_AT_FETCH, FINISHES_ANYWAY, CANCELLED_IN_GENERATE):
+        for shard in (HELD_AT_PREPARE, FINISHES_ANYWAY, CANCELLED_IN_GENERATE):
             with pytest.raises(WorkflowFailureError) as shard_ended:
                 await result_of(run.shard(shard))
             assert isinstance(shard_ended.value.cause, CancelledError), shard
@@ -69,9 +68,9 @@ async def test_cancelling_the_job_cancels_every_running_shard(
         assert await run.status(run.job_id) == WorkflowExecutionStatus.CANCELED
         assert not await run.exists(shard_workflow_id(run.job_id, 3))
 
-    assert s.steps_of(HELD_AT_FETCH) == [FETCH_SHARD]
+    assert s.steps_of(HELD_AT_PREPARE) == [PREPARE_SHARD]
     for shard in (FINISHES_ANYWAY, CANCELLED_IN_GENERATE):
-        assert s.steps_of(shard) == [FETCH_SHARD, RENDER_PROMPTS, GENERATE], shard
+        assert s.steps_of(shard) == [PREPARE_SHARD, GENERATE], shard
     assert not s.called(WRITE_SHARD, FINISHES_ANYWAY)
     # The ledger's jobs row is told the job's end (it would say "running" for ever).
     assert [c.detail for c in s.called(RECORD_JOB_END)] == [JobState.CANCELLED]
@@ -83,13 +82,13 @@ async def test_shard_whose_job_is_gone_completes(orchestration_client: Client) -
     COMPLETED with its summary, not FAILED."""
     async with orchestrate(orchestration_client, shards=1) as run:
         s = run.stand_ins
-        s.close_gate(FETCH_SHARD, 0)
+        s.close_gate(PREPARE_SHARD, 0)
         job = await run.start_job(max_concurrent_shards=1)
-        await s.until_called(FETCH_SHARD, 0)
+        await s.until_called(PREPARE_SHARD, 0)
         await job.terminate("the job is gone")
         assert await run.status(run.job_id) == WorkflowExecutionStatus.TERMINATED
 
-        s.open_gate(FETCH_SHARD, 0)
+        s.open_gate(PREPARE_SHARD, 0)
         summary: ShardSummary = await result_of(run.shard(0))
         workflow_id = shard_workflow_id(run.job_id, 0)
         assert await run.status(workflow_id) == WorkflowExecutionStatus.COMPLETED
@@ -97,5 +96,5 @@ async def test_shard_whose_job_is_gone_completes(orchestration_client: Client) -
             workflow_id, EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED
         )
 
-    assert s.steps_of(0) == [FETCH_SHARD, RENDER_PROMPTS, GENERATE, WRITE_SHARD]
+    assert s.steps_of(0) == [PREPARE_SHARD, GENERATE, WRITE_SHARD]
     assert (summary.shard, summary.succeeded, summary.dead) == (0, rows_of(0), 0)

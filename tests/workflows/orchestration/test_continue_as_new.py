@@ -6,10 +6,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.names import (
-    FETCH_SHARD,
     FINALIZE_JOB,
     GENERATE,
-    RENDER_PROMPTS,
+    PREPARE_SHARD,
     WRITE_SHARD,
 )
 from llmbatch.contract.states import JobState
@@ -24,12 +23,12 @@ async def test_continue_as_new_with_shards_in_flight_counts_each_shard_once(
     short_history_client: Client,
 ) -> None:
     """On a server that suggests continue-as-new after 40 events, a job of 12 shards
-    continues as new while shard 0 is held at fetch (so every new run starts with
+    continues as new while shard 0 is held in prepare_shard (so every new run starts with
     shards still running, whose reports go to the newest run): the job completes
     with each shard run once and counted once, in a run other than the first."""
     async with orchestrate(short_history_client, shards=SHARDS) as run:
         s = run.stand_ins
-        s.close_gate(FETCH_SHARD, 0)
+        s.close_gate(PREPARE_SHARD, 0)
         handle = await run.start_job(max_concurrent_shards=WINDOW)
         first_run = handle.first_execution_run_id
         assert first_run is not None
@@ -37,7 +36,7 @@ async def test_continue_as_new_with_shards_in_flight_counts_each_shard_once(
         # the history grows past the threshold while shard 0 is held: each
         # continue-as-new happens with shard 0 (at least) in flight.
         await s.until(lambda: all(s.called(WRITE_SHARD, sh) for sh in range(1, SHARDS)))
-        s.open_gate(FETCH_SHARD, 0)
+        s.open_gate(PREPARE_SHARD, 0)
         summary: JobSummary = await result_of(handle)
 
         assert await run.status(run.job_id, first_run) == WorkflowExecutionStatus.CONTINUED_AS_NEW
@@ -46,7 +45,7 @@ async def test_continue_as_new_with_shards_in_flight_counts_each_shard_once(
         assert latest.status == WorkflowExecutionStatus.COMPLETED
 
     for shard in range(SHARDS):
-        assert s.steps_of(shard) == [FETCH_SHARD, RENDER_PROMPTS, GENERATE, WRITE_SHARD], shard
+        assert s.steps_of(shard) == [PREPARE_SHARD, GENERATE, WRITE_SHARD], shard
     items = sum(rows_of(shard) for shard in range(SHARDS))
     assert summary.state == JobState.SUCCEEDED
     assert (summary.shards_done, summary.shards_running) == (SHARDS, [])

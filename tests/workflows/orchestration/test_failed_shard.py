@@ -9,9 +9,8 @@ from llmbatch.contract.dead_letters import FailShardInput
 from llmbatch.contract.messages import JobSummary, ShardSummary
 from llmbatch.contract.names import (
     FAIL_SHARD,
-    FETCH_SHARD,
     GENERATE,
-    RENDER_PROMPTS,
+    PREPARE_SHARD,
     REPORT_DEAD_LETTERS,
     WRITE_SHARD,
 )
@@ -21,7 +20,7 @@ from tests.workflows.orchestration.stand_ins import FAILURE_MESSAGE, FAILURE_TYP
 
 SHARDS = 3
 FAILING = 1
-PIPELINE = [FETCH_SHARD, RENDER_PROMPTS, GENERATE, WRITE_SHARD]
+PIPELINE = [PREPARE_SHARD, GENERATE, WRITE_SHARD]
 
 
 @pytest.mark.parametrize("step", PIPELINE)

@@ -9,9 +9,9 @@ from temporalio.service import RPCError
 
 from llmbatch.contract.messages import JobControlState, JobProgress, JobSummary
 from llmbatch.contract.names import (
-    FETCH_SHARD,
     FINALIZE_JOB,
     PAUSE_UPDATE,
+    PREPARE_SHARD,
     PROGRESS_QUERY,
     RESUME_UPDATE,
     SET_JOB_PAUSED,
@@ -34,11 +34,11 @@ async def test_pause_holds_new_shards_and_resume_starts_them(
     async with orchestrate(orchestration_client, shards=SHARDS) as run:
         s = run.stand_ins
         for shard in (0, 1):
-            s.close_gate(FETCH_SHARD, shard)
+            s.close_gate(PREPARE_SHARD, shard)
         s.close_gate(FINALIZE_JOB)
         handle = await run.start_job(max_concurrent_shards=WINDOW)
-        await s.until_called(FETCH_SHARD, 0)
-        await s.until_called(FETCH_SHARD, 1)
+        await s.until_called(PREPARE_SHARD, 0)
+        await s.until_called(PREPARE_SHARD, 1)
 
         paused = await handle.execute_update(PAUSE_UPDATE, result_type=JobControlState)
         assert (paused.state, paused.paused) == (JobState.PAUSED, True)
@@ -48,12 +48,12 @@ async def test_pause_holds_new_shards_and_resume_starts_them(
         # completes, and a query sees every event before it); the window has room,
         # yet nothing starts.
         for shard in (0, 1):
-            s.open_gate(FETCH_SHARD, shard)
+            s.open_gate(PREPARE_SHARD, shard)
             await result_of(run.shard(shard))
         progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
         assert (progress.state, progress.paused) == (JobState.PAUSED, True)
         assert (progress.shards_done, progress.shards_running) == (2, [])
-        assert sorted(s.shards_at(FETCH_SHARD)) == [0, 1]
+        assert sorted(s.shards_at(PREPARE_SHARD)) == [0, 1]
         assert not await run.exists(shard_workflow_id(run.job_id, 2))
 
         resumed = await handle.execute_update(RESUME_UPDATE, result_type=JobControlState)

@@ -13,14 +13,13 @@ from llmbatch.contract.dead_letters import RedriveRequest, RedriveResult
 from llmbatch.contract.messages import JobControlState, JobSummary
 from llmbatch.contract.names import (
     FAIL_SHARD,
-    FETCH_SHARD,
     FINALIZE_JOB,
     GENERATE,
     PAUSE_UPDATE,
     PLAN_JOB,
+    PREPARE_SHARD,
     RECORD_JOB_END,
     REDRIVE_UPDATE,
-    RENDER_PROMPTS,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
     RESUME_UPDATE,
@@ -57,15 +56,15 @@ async def test_priority_and_tenant_reach_every_shard_and_activity(
     priority; so do its shard workflows, re-driven shards and dead-letter workflow.
     The job's search attributes, progress and summary name it."""
     async with orchestrate(
-        orchestration_client, shards=SHARDS, dead={1: 1}, failures=[(RENDER_PROMPTS, 2)]
+        orchestration_client, shards=SHARDS, dead={1: 1}, failures=[(PREPARE_SHARD, 2)]
     ) as run:
         s = run.stand_ins
-        s.close_gate(FETCH_SHARD, 0)
+        s.close_gate(PREPARE_SHARD, 0)
         job = await run.start_job(max_concurrent_shards=SHARDS, **PLACED)
-        await s.until_called(FETCH_SHARD, 0)
+        await s.until_called(PREPARE_SHARD, 0)
         await job.execute_update(PAUSE_UPDATE, result_type=JobControlState)
         await job.execute_update(RESUME_UPDATE, result_type=JobControlState)
-        s.open_gate(FETCH_SHARD, 0)
+        s.open_gate(PREPARE_SHARD, 0)
         summary: JobSummary = await result_of(job)
         assert summary.state == JobState.COMPLETED_WITH_ERRORS
         redriven = await run.dead_letters().execute_update(
@@ -77,8 +76,7 @@ async def test_priority_and_tenant_reach_every_shard_and_activity(
         steps = {step for step, *_ in started}
         assert steps == {
             PLAN_JOB,
-            FETCH_SHARD,
-            RENDER_PROMPTS,
+            PREPARE_SHARD,
             GENERATE,
             WRITE_SHARD,
             FAIL_SHARD,
@@ -123,9 +121,9 @@ async def test_a_cancelled_job_records_its_end_at_its_priority(
     priority 5 too, and no tenant is made up."""
     async with orchestrate(orchestration_client, shards=1) as run:
         s = run.stand_ins
-        s.close_gate(FETCH_SHARD, 0)
+        s.close_gate(PREPARE_SHARD, 0)
         job = await run.start_job(max_concurrent_shards=1, priority=5)
-        await s.until_called(FETCH_SHARD, 0)
+        await s.until_called(PREPARE_SHARD, 0)
         await job.cancel()
         await s.until_called(RECORD_JOB_END)
 

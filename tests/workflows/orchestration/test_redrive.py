@@ -10,11 +10,10 @@ from llmbatch.contract.dead_letters import DeadLetterView, RedriveRequest, Redri
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.names import (
     DEAD_LETTERS_QUERY,
-    FETCH_SHARD,
     FINALIZE_JOB,
     GENERATE,
+    PREPARE_SHARD,
     REDRIVE_UPDATE,
-    RENDER_PROMPTS,
     REPORT_DEAD_LETTERS,
     REQUEUE_DEAD_LETTERS,
     WRITE_SHARD,
@@ -40,7 +39,7 @@ async def test_redrive_reruns_requeued_shards_and_counts_from_the_ledger(
         orchestration_client, shards=SHARDS, dead=DEAD, redrive_dead=REDRIVE_DEAD
     ) as run:
         s = run.stand_ins
-        s.close_gate(FETCH_SHARD, 0)
+        s.close_gate(PREPARE_SHARD, 0)
         job = await run.start_job(max_concurrent_shards=SHARDS)
         # Shards 1 and 3 have reported their dead items (the first report started
         # the dead-letter workflow); shard 0 holds the job open.
@@ -52,7 +51,7 @@ async def test_redrive_reruns_requeued_shards_and_counts_from_the_ledger(
         assert isinstance(refused.value.cause, ApplicationError)
         assert refused.value.cause.type == FailureType.JOB_STILL_RUNNING
 
-        s.open_gate(FETCH_SHARD, 0)
+        s.open_gate(PREPARE_SHARD, 0)
         summary: JobSummary = await result_of(job)
         items = sum(rows_of(shard) for shard in range(SHARDS))
         assert summary.state == JobState.COMPLETED_WITH_ERRORS
@@ -64,8 +63,7 @@ async def test_redrive_reruns_requeued_shards_and_counts_from_the_ledger(
         assert result == RedriveResult(redrive=1, requeued=3, succeeded=2, dead=1, shards=[1, 3])
         for shard in (1, 3):
             assert s.steps_of(shard, redrive=1) == [
-                FETCH_SHARD,
-                RENDER_PROMPTS,
+                PREPARE_SHARD,
                 GENERATE,
                 WRITE_SHARD,
                 REPORT_DEAD_LETTERS,

@@ -7,12 +7,11 @@ from temporalio.client import Client
 
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import (
-    FETCH_SHARD,
     FINALIZE_JOB,
     GENERATE,
     PLAN_JOB,
+    PREPARE_SHARD,
     PROGRESS_QUERY,
-    RENDER_PROMPTS,
     REPORT_DEAD_LETTERS,
     WRITE_SHARD,
 )
@@ -36,32 +35,32 @@ async def test_window_runs_every_shard_once_and_sums_them(
     orchestration_client: Client, dead: dict[int, int], state: JobState
 ) -> None:
     """Five shards, window 2: each shard runs each step once, never more than two are
-    in flight (held at fetch while the window is full), the summary adds up every
+    in flight (held in prepare_shard while the window is full), the summary adds up every
     shard's succeeded, dead and tokens, and its state follows final_state."""
     async with orchestrate(orchestration_client, shards=SHARDS, dead=dead) as run:
         s = run.stand_ins
         for shard in range(SHARDS):
-            s.close_gate(FETCH_SHARD, shard)
+            s.close_gate(PREPARE_SHARD, shard)
         handle = await run.start_job(max_concurrent_shards=WINDOW)
 
         # The window fills and stays full: each finished shard lets exactly one in.
-        await s.until_called(FETCH_SHARD, 0)
-        await s.until_called(FETCH_SHARD, 1)
+        await s.until_called(PREPARE_SHARD, 0)
+        await s.until_called(PREPARE_SHARD, 1)
         progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
         assert progress.shards_running == [0, 1]
         assert progress.state == JobState.RUNNING
         for done, next_shard in [(1, 2), (0, 3), (3, 4)]:
-            s.open_gate(FETCH_SHARD, done)
-            await s.until_called(FETCH_SHARD, next_shard)
+            s.open_gate(PREPARE_SHARD, done)
+            await s.until_called(PREPARE_SHARD, next_shard)
         for shard in (2, 4):
-            s.open_gate(FETCH_SHARD, shard)
+            s.open_gate(PREPARE_SHARD, shard)
         summary: JobSummary = await result_of(handle)
 
     succeeded = sum(rows_of(sh) - dead.get(sh, 0) for sh in range(SHARDS))
     assert s.max_in_flight == WINDOW
     assert [c.step for c in s.calls if c.shard is None] == [PLAN_JOB, FINALIZE_JOB]
     for shard in range(SHARDS):
-        steps = [FETCH_SHARD, RENDER_PROMPTS, GENERATE, WRITE_SHARD]
+        steps = [PREPARE_SHARD, GENERATE, WRITE_SHARD]
         if dead.get(shard):
             steps.append(REPORT_DEAD_LETTERS)
         assert s.steps_of(shard) == steps, shard

@@ -1,0 +1,36 @@
+"""prepare_shard: a shard's first step, reading its rows and rendering them in one.
+
+One activity instead of two (``fetch_shard``, then ``render_prompts``) saves each
+shard a Temporal activity and the round trip of its staged rows through the object
+store: the rows are rendered where they were read. They are still staged when the
+write step puts their fields into the output (:func:`activities.write.reads_staged_rows`),
+before anything is registered, so a retry finds them as a first attempt left them.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.context import ActivityContext
+from activities.fetch import read_shard_rows
+from activities.render import render_and_register
+from activities.write import reads_staged_rows
+from llmbatch.contract.messages import PrepareResult, ShardInput
+from llmbatch.contract.names import PREPARE_SHARD
+from llmbatch.formats.records import dump_jsonl
+
+
+class PrepareActivities:
+    def __init__(self, ctx: ActivityContext) -> None:
+        self._ctx = ctx
+
+    @activity.defn(name=PREPARE_SHARD)
+    async def prepare_shard(self, input: ShardInput) -> PrepareResult:
+        """Read the shard's rows, render them and register them in the ledger."""
+        rows = await read_shard_rows(self._ctx, input)
+        if reads_staged_rows(input.spec, input.layout.input_format):
+            await self._ctx.write(input.layout.shard_rows(input.shard), dump_jsonl(rows))
+        rendered = await render_and_register(self._ctx, input, rows)
+        return PrepareResult(
+            rows=len(rows), invalid=sum(r.fields is None for r in rows), **rendered.model_dump()
+        )
