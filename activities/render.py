@@ -62,14 +62,21 @@ async def render_and_register(
         overrides=input.sampling_overrides,
     )
     answers = render_answers(spec, await cache_policy(ctx.pool, task_queue=input.gpu_task_queue))
-    items = _new_items(spec, rows, requests, answers)
-    registered = await ledger.items.register_items(
-        ctx.pool,
-        job_id=spec.job_id,
-        shard=shard,
-        items=items,
-        anonymous=answers is not None and answers.anonymous,
-    )
+
+    async def register(
+        rows: list[StagedRow],
+    ) -> tuple[list[ledger.items.NewItem], ledger.items.Registered]:
+        items = _new_items(spec, rows, requests, answers)
+        registered = await ledger.items.register_items(
+            ctx.pool,
+            job_id=spec.job_id,
+            shard=shard,
+            items=items,
+            anonymous=answers is not None and answers.anonymous,
+        )
+        return items, registered
+
+    items, registered = await register(rows)
     if registered.elsewhere:
         # Another shard has these ids: the copies here get ids of their own (by
         # position) and die, so every row is accounted for exactly once.
@@ -85,14 +92,7 @@ async def render_and_register(
                     source=row.source,
                 )
             )
-        items = _new_items(spec, rows, requests, answers)
-        registered = await ledger.items.register_items(
-            ctx.pool,
-            job_id=spec.job_id,
-            shard=shard,
-            items=items,
-            anonymous=answers is not None and answers.anonymous,
-        )
+        items, registered = await register(rows)
     done = registered.done
     if registered.answered:
         await _count_answered(ctx, spec, registered.answered, items, done)
