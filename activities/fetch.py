@@ -30,13 +30,16 @@ class FetchActivities:
     async def fetch_shard(self, input: ShardInput) -> FetchResult:
         """Read the shard's row range and stage the rows with their item ids: the first
         step of shards started before ``prepare_shard`` did this and rendering both."""
-        rows = await read_shard_rows(self._ctx, input)
+        rows, fetched = await read_shard_rows(self._ctx, input)
         await self._ctx.write(input.layout.shard_rows(input.shard), dump_jsonl(rows))
-        return FetchResult(rows=len(rows), invalid=sum(r.fields is None for r in rows))
+        return fetched
 
 
-async def read_shard_rows(ctx: ActivityContext, input: ShardInput) -> list[StagedRow]:
-    """The shard's rows from the input (its row range, by its plan), with item ids."""
+async def read_shard_rows(
+    ctx: ActivityContext, input: ShardInput
+) -> tuple[list[StagedRow], FetchResult]:
+    """The shard's rows from the input (its row range, by its plan), with item ids,
+    and how many there are and how many of them could not be read."""
     layout = input.layout
     plan = formats.ShardPlan.model_validate_json(await ctx.read(layout.shard_plan(input.shard)))
     store = None if layout.input_format is InputFormat.TABLE else ctx.store(plan.uri)
@@ -53,7 +56,7 @@ async def read_shard_rows(ctx: ActivityContext, input: ShardInput) -> list[Stage
         invalid = sum(r.fields is None for r in rows)
         span.set_attributes(telemetry.attrs(rows=len(rows), invalid_rows=invalid))
     telemetry.annotate(job_id=input.spec.job_id, shard=input.shard, rows=len(rows))
-    return rows
+    return rows, FetchResult(rows=len(rows), invalid=invalid)
 
 
 async def read_staged_rows(

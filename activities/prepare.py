@@ -27,10 +27,8 @@ class PrepareActivities:
     @activity.defn(name=PREPARE_SHARD)
     async def prepare_shard(self, input: ShardInput) -> PrepareResult:
         """Read the shard's rows, render them and register them in the ledger."""
-        rows = await read_shard_rows(self._ctx, input)
+        rows, fetched = await read_shard_rows(self._ctx, input)
         if reads_staged_rows(input.spec, input.layout.input_format):
             await self._ctx.write(input.layout.shard_rows(input.shard), dump_jsonl(rows))
         rendered = await render_and_register(self._ctx, input, rows)
-        return PrepareResult(
-            rows=len(rows), invalid=sum(r.fields is None for r in rows), **rendered.model_dump()
-        )
+        return PrepareResult(**fetched.model_dump(), **rendered.model_dump())
