@@ -36,9 +36,14 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 # Endpoint names (llm-batch endpoint add): readable in task queue names, no "/".
 ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
-# Shards of a job that sets no shard_size: the first this size, each next one twice
-# the one before, up to the largest (formats.shards.shard_rows works them out).
+# Shards of a job that sets no shard_size: the first this size, each next one
+# AUTO_SHARD_GROWTH times the one before, up to the largest (formats.shards.shard_rows
+# works them out). Each shard costs about a quarter of a CPU-second across Temporal,
+# the workers, Postgres and the object store, whatever its size: growing by 4 instead
+# of 2 saves a 10,000-row job one of its four shards, while the second shard (4,000
+# rows) is still read and rendered well before the engine finishes the first.
 AUTO_FIRST_SHARD_ROWS = 1000
+AUTO_SHARD_GROWTH = 4
 AUTO_LARGEST_SHARD_ROWS = 10_000
 
 # The names of JSON-lines inputs. Here, not in llmbatch.formats, because JobSpec's
@@ -346,7 +351,8 @@ class JobSpec(_Strict):
         ge=1,
         le=100_000,
         description="Rows per shard: the unit of work and retry. Unset, shards grow: "
-        f"the first has {AUTO_FIRST_SHARD_ROWS:,} rows, each next one twice as many, up to "
+        f"the first has {AUTO_FIRST_SHARD_ROWS:,} rows, each next one {AUTO_SHARD_GROWTH} times as "
+        f"many, up to "
         f"{AUTO_LARGEST_SHARD_ROWS:,} (the engine gets work at once, and a large job pays "
         "each shard's fixed cost in Temporal, the ledger and storage seldom).",
     )

@@ -16,7 +16,12 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from llmbatch.contract.spec import AUTO_FIRST_SHARD_ROWS, AUTO_LARGEST_SHARD_ROWS, InputFormat
+from llmbatch.contract.spec import (
+    AUTO_FIRST_SHARD_ROWS,
+    AUTO_LARGEST_SHARD_ROWS,
+    AUTO_SHARD_GROWTH,
+    InputFormat,
+)
 from llmbatch.formats.detection import UTF8_BOM, FormatError, csv_delimiter
 from llmbatch.formats.parquet import open_parquet, row_group_starts
 from llmbatch.formats.scanning import iter_chunks, scan_records
@@ -59,12 +64,12 @@ class ShardPlan(BaseModel):
 
 def shard_rows(shard_size: int | None, index: int) -> int:
     """The rows of shard ``index`` (from 0) of a job whose spec asks ``shard_size``:
-    that many, or when unset :data:`AUTO_FIRST_SHARD_ROWS` doubling to
-    :data:`AUTO_LARGEST_SHARD_ROWS`."""
+    that many, or when unset :data:`AUTO_FIRST_SHARD_ROWS` growing by
+    :data:`AUTO_SHARD_GROWTH` to :data:`AUTO_LARGEST_SHARD_ROWS`."""
     if shard_size is not None:
         return shard_size
-    # The shift is bounded: shard 100,000's would be an integer of 100,000 bits.
-    return min(AUTO_FIRST_SHARD_ROWS << min(index, 32), AUTO_LARGEST_SHARD_ROWS)
+    # The power is bounded: shard 100,000's would be an integer of 200,000 bits.
+    return min(AUTO_FIRST_SHARD_ROWS * AUTO_SHARD_GROWTH ** min(index, 16), AUTO_LARGEST_SHARD_ROWS)
 
 
 def plan_shards(

@@ -334,10 +334,10 @@ def parquet_bytes(table: pa.Table, **kwargs: Any) -> bytes:
 def test_without_a_shard_size_shards_grow_to_the_largest_and_go_on_across_objects(
     tmp_path: Path,
 ) -> None:
-    # The first shard is small, so the engine has work at once; each next one doubles
-    # up to the largest, so a large job pays each shard's fixed cost seldom.
-    assert [formats.shard_rows(None, i) for i in range(7)] == [
-        1000, 2000, 4000, 8000, 10_000, 10_000, 10_000,
+    # The first shard is small, so the engine has work at once; each next one is four
+    # times as large up to the largest, so a job pays each shard's fixed cost seldom.
+    assert [formats.shard_rows(None, i) for i in range(5)] == [
+        1000, 4000, 10_000, 10_000, 10_000,
     ]  # fmt: skip
     assert [formats.shard_rows(7, i) for i in range(3)] == [7, 7, 7]
     a = write(tmp_path, "a.jsonl", b"".join(b'{"i":%d}\n' % i for i in range(2500)))
@@ -352,11 +352,11 @@ def test_without_a_shard_size_shards_grow_to_the_largest_and_go_on_across_object
     assert [p.row_count for p in jsonl] == [1000, 1500]
     # Sizes go on from the shards before: shard 2 is the first of b.jsonl.
     two = formats.plan_shards(STORE, [a, b], InputFormat.JSONL, shard_size=None)
-    assert [p.row_count for p in two] == [1000, 1500, 4000, 8000, 8000]
+    assert [p.row_count for p in two] == [1000, 1500, 10_000, 10_000]
     csv_plans = formats.plan_shards(STORE, [d], InputFormat.CSV, shard_size=None)
-    assert [p.row_count for p in csv_plans] == [1000, 2000, 4000, 8000, 5000]
+    assert [p.row_count for p in csv_plans] == [1000, 4000, 10_000, 5000]
     parquet = formats.plan_shards(STORE, [c], InputFormat.PARQUET, shard_size=None)
-    assert [p.row_count for p in parquet] == [1000, 2000, 4000, 6000]
+    assert [p.row_count for p in parquet] == [1000, 4000, 8000]
     rows = [r for p in parquet for r in formats.read_shard(STORE, p, InputFormat.PARQUET)]
     assert [r.fields for r in rows] == [{"i": i} for i in range(13_000)]
 
