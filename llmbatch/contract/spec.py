@@ -351,10 +351,9 @@ class JobSpec(_Strict):
         ge=1,
         le=100_000,
         description="Rows per shard: the unit of work and retry. Unset, shards grow: "
-        f"the first has {AUTO_FIRST_SHARD_ROWS:,} rows, each next one {AUTO_SHARD_GROWTH} times as "
-        f"many, up to "
-        f"{AUTO_LARGEST_SHARD_ROWS:,} (the engine gets work at once, and a large job pays "
-        "each shard's fixed cost in Temporal, the ledger and storage seldom).",
+        f"the first has {AUTO_FIRST_SHARD_ROWS:,} rows, each next one {AUTO_SHARD_GROWTH} times "
+        f"as many, up to {AUTO_LARGEST_SHARD_ROWS:,} (the engine gets work at once, and a large "
+        "job pays each shard's fixed cost in Temporal, the ledger and storage seldom).",
     )
     max_concurrent_shards: int = Field(
         default=4, ge=1, le=500, description="Shards of the job that run at once."
