@@ -90,6 +90,11 @@ class ObjectStore(Protocol):
         nothing, creates nothing."""
         ...
 
+    def delete(self, uri: str) -> None:
+        """Delete the object at ``uri``; nothing happens if there is none (one request,
+        where :meth:`delete_prefix` lists first)."""
+        ...
+
     def delete_prefix(self, uri: str) -> int:
         """Delete the object at ``uri`` and every object under ``uri/``; return how many."""
         ...

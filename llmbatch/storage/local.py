@@ -173,6 +173,14 @@ class LocalStore:
     def check_output(self, uri: str) -> None:
         self._path(uri)
 
+    def delete(self, uri: str) -> None:
+        self._path(uri)
+        # As named, not resolved (a symlink is removed, never what it points at); a
+        # folder at ``uri`` is no object and stays.
+        path = local_path(uri)
+        if path.is_symlink() or path.is_file():
+            path.unlink(missing_ok=True)
+
     def delete_prefix(self, uri: str) -> int:
         self._path(uri)
         # Deleted as named, not resolved: a symlink is removed, never what it points at.

@@ -251,6 +251,14 @@ class S3Store:
                 return
             raise permanent_error(exc, uri) from exc
 
+    def delete(self, uri: str) -> None:
+        bucket, key = split_s3(uri)
+        try:
+            # S3 answers 204 whether or not the key existed.
+            self._client.delete_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            raise permanent_error(exc, uri) from exc
+
     def delete_prefix(self, uri: str) -> int:
         bucket, key = split_s3(uri, need_key=False)
         if not key.strip("/"):

@@ -256,6 +256,19 @@ def test_s3_delete_prefix_deletes_a_folder_and_nothing_beside_it(
         s3.delete_prefix(f"{base}/")
 
 
+def test_s3_delete_removes_one_object_and_a_missing_one_is_no_error(
+    s3: storage.base.ObjectStore, bucket: str
+) -> None:
+    put_keys(s3, bucket, "out", "out/a", "outer")
+    base = f"s3://{bucket}"
+    s3.delete(f"{base}/out")
+    assert uris(s3.list(base)) == [f"{base}/out/a", f"{base}/outer"]
+    s3.delete(f"{base}/out")  # gone already: S3 answers the same
+    s3.delete(f"{base}/never-was")
+    with pytest.raises(storage.base.BucketNotFound):
+        s3.delete(f"s3://{bucket}-missing/out")
+
+
 # --- local disk ---------------------------------------------------------------------
 
 
@@ -357,6 +370,16 @@ def test_local_delete_prefix(tree: Path) -> None:
     assert (tree / "dd" / "keep").exists()
     assert store.delete_prefix(str(tree / "d")) == 0
     assert store.delete_prefix(f"file://{tree}/dd/keep") == 1
+
+
+def test_local_delete_removes_one_file_and_leaves_folders(tree: Path) -> None:
+    store = LocalStore([tree])
+    (tree / "one").write_bytes(b"x")
+    store.delete(str(tree / "one"))
+    assert not (tree / "one").exists()
+    store.delete(str(tree / "one"))  # gone already
+    store.delete(str(tree / "d"))  # a folder is no object: it stays
+    assert (tree / "d").is_dir()
 
 
 def test_local_store_reads_nothing_outside_its_roots(tmp_path: Path) -> None:
