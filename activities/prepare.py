@@ -1,4 +1,5 @@
-"""prepare_shard: a shard's first step, reading its rows and rendering them in one.
+"""prepare_shard: a shard's first step, reading its rows and rendering them in one, and
+writing its output part too when nothing is left to generate.
 
 One activity instead of two (``fetch_shard``, then ``render_prompts``) saves each
 shard a Temporal activity and the round trip of its staged rows through the object
@@ -14,7 +15,7 @@ from temporalio import activity
 from activities.context import ActivityContext
 from activities.fetch import read_shard_rows
 from activities.render import render_and_register
-from activities.write import reads_staged_rows
+from activities.write import reads_staged_rows, write_part
 from llmbatch.contract.messages import PrepareResult, ShardInput
 from llmbatch.contract.names import PREPARE_SHARD
 from llmbatch.formats.records import dump_jsonl
@@ -31,4 +32,9 @@ class PrepareActivities:
         if reads_staged_rows(input.spec, input.layout.input_format):
             await self._ctx.write(input.layout.shard_rows(input.shard), dump_jsonl(rows))
         rendered = await render_and_register(self._ctx, input, rows)
-        return PrepareResult(**fetched.model_dump(), **rendered.model_dump())
+        # Nothing left to generate (a cached re-run, a shard the job's own leads
+        # answered): the output part is written here. A write step of its own would
+        # cost the shard an activity and a workflow task, a quarter of a cached shard's
+        # events in Temporal. A retry redoes both halves, each idempotent.
+        summary = None if rendered.to_generate else await write_part(self._ctx, input, staged=rows)
+        return PrepareResult(**fetched.model_dump(), **rendered.model_dump(), summary=summary)

@@ -40,88 +40,93 @@ class WriteActivities:
     @activity.defn(name=WRITE_SHARD)
     async def write_shard(self, input: ShardInput) -> ShardSummary:
         """Write one output row per item of the shard; a retry rewrites the same object."""
-        spec, layout, shard = input.spec, input.layout, input.shard
-        rows = (
-            {
-                r.item_id: r
-                for r in load_jsonl(await self._ctx.read(layout.shard_rows(shard)), StagedRow)
-            }
-            if reads_staged_rows(spec, layout.input_format)
-            else {}
-        )
-        entries = await ledger.items.shard_results(self._ctx.pool, job_id=spec.job_id, shard=shard)
-        unfinished = [e.item_id for e in entries if e.status not in TERMINAL_STATUSES]
-        if unfinished:
-            raise ApplicationError(
-                f"shard {shard} has {len(unfinished)} unfinished items (first: {unfinished[0]!r})",
-                type=FailureType.INCOMPLETE_SHARD,
-                non_retryable=True,
-            )
-        summary = ShardSummary(shard=shard, items=len(entries))
-        succeeded = [e for e in entries if e.status is ItemStatus.SUCCEEDED]
-        summary.succeeded, summary.dead = len(succeeded), len(entries) - len(succeeded)
-        summary.tokens = TokenCounts(
-            prompt=sum(e.prompt_tokens or 0 for e in succeeded),
-            completion=sum(e.completion_tokens or 0 for e in succeeded),
-        )
-        summary.usage = await ledger.usage.usage(self._ctx.pool, job_id=spec.job_id, shard=shard)
-        telemetry.annotate(
-            job_id=spec.job_id,
-            shard=shard,
-            items=summary.items,
-            succeeded=summary.succeeded,
-            dead=summary.dead,
-        )
+        return await write_part(self._ctx, input)
 
-        if spec.table_output:
-            # Upserted by item id in one transaction: a retry rewrites the same rows.
-            vectors = None
-            if spec.task is Task.EMBED:
-                vectors = await read_vectors(self._ctx.read, entries)
-            try:
-                await tables.write_shard(spec, self._ctx.settings, entries, rows, vectors)
-            except TableError as exc:
-                raise ApplicationError(
-                    str(exc), type=FailureType.TABLE_ERROR, non_retryable=True
-                ) from exc
-            err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
-            part = spec.output_uri
-        elif spec.task is Task.EMBED:
-            # Bounded memory: only this shard's vectors are read, object by object.
-            vectors = await read_vectors(self._ctx.read, entries)
-            if layout.input_format is InputFormat.OPENAI:
-                out_rows, err_rows = _openai_lines(spec, entries, rows, vectors)
-                part = layout.output_part(shard, "jsonl")
-                await self._ctx.write(part, formats.write_jsonl(out_rows))
-            else:
-                err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
-                part = layout.output_part(shard, spec.output_format.value)
-                await self._ctx.write(part, _embedding_part(spec, entries, rows, vectors))
-        elif layout.input_format is InputFormat.OPENAI:
-            out_rows, err_rows = _openai_lines(spec, entries, rows)
-            part = layout.output_part(shard, "jsonl")
-            await self._ctx.write(part, formats.write_jsonl(out_rows))
-        else:
-            out = [_output_row(spec, e, rows.get(e.item_id)) for e in entries]
-            err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
-            if spec.output_format is OutputFormat.PARQUET:
-                part = layout.output_part(shard, "parquet")
-                await self._ctx.write(part, formats.write_parquet(out))
-            else:
-                part = layout.output_part(shard, "jsonl")
-                await self._ctx.write(part, formats.write_jsonl(out))
+
+async def write_part(
+    ctx: ActivityContext, input: ShardInput, *, staged: list[StagedRow] | None = None
+) -> ShardSummary:
+    """The shard's output part and error file from the ledger (and its staged rows, when
+    their fields go into the output): ``write_shard``'s work, and ``prepare_shard``'s for
+    a shard it answered whole. ``staged``: the rows as staged, when the caller holds them."""
+    spec, layout, shard = input.spec, input.layout, input.shard
+    rows: dict[str, StagedRow] = {}
+    if reads_staged_rows(spec, layout.input_format):
+        if staged is None:
+            staged = list(load_jsonl(await ctx.read(layout.shard_rows(shard)), StagedRow))
+        rows = {r.item_id: r for r in staged}
+    entries = await ledger.items.shard_results(ctx.pool, job_id=spec.job_id, shard=shard)
+    unfinished = [e.item_id for e in entries if e.status not in TERMINAL_STATUSES]
+    if unfinished:
+        raise ApplicationError(
+            f"shard {shard} has {len(unfinished)} unfinished items (first: {unfinished[0]!r})",
+            type=FailureType.INCOMPLETE_SHARD,
+            non_retryable=True,
+        )
+    summary = ShardSummary(shard=shard, items=len(entries))
+    succeeded = [e for e in entries if e.status is ItemStatus.SUCCEEDED]
+    summary.succeeded, summary.dead = len(succeeded), len(entries) - len(succeeded)
+    summary.tokens = TokenCounts(
+        prompt=sum(e.prompt_tokens or 0 for e in succeeded),
+        completion=sum(e.completion_tokens or 0 for e in succeeded),
+    )
+    summary.usage = await ledger.usage.usage(ctx.pool, job_id=spec.job_id, shard=shard)
+    telemetry.annotate(
+        job_id=spec.job_id,
+        shard=shard,
+        items=summary.items,
+        succeeded=summary.succeeded,
+        dead=summary.dead,
+    )
+
+    if spec.table_output:
+        # Upserted by item id in one transaction: a retry rewrites the same rows.
+        vectors = None
         if spec.task is Task.EMBED:
-            await _sweep_vectors(self._ctx, layout.vectors_folder(shard), entries)
-        summary.output_parts.append(part)
-        errors = layout.error_part(shard)
-        if err_rows:
-            await self._ctx.write(errors, formats.write_jsonl(err_rows))
-            summary.output_parts.append(errors)
+            vectors = await read_vectors(ctx.read, entries)
+        try:
+            await tables.write_shard(spec, ctx.settings, entries, rows, vectors)
+        except TableError as exc:
+            raise ApplicationError(
+                str(exc), type=FailureType.TABLE_ERROR, non_retryable=True
+            ) from exc
+        err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
+        part = spec.output_uri
+    elif spec.task is Task.EMBED:
+        # Bounded memory: only this shard's vectors are read, object by object.
+        vectors = await read_vectors(ctx.read, entries)
+        if layout.input_format is InputFormat.OPENAI:
+            out_rows, err_rows = _openai_lines(spec, entries, rows, vectors)
+            part = layout.output_part(shard, "jsonl")
+            await ctx.write(part, formats.write_jsonl(out_rows))
         else:
-            # A re-drive can leave a shard without errors: its old error file must go.
-            store = self._ctx.store(errors)
-            await asyncio.to_thread(store.delete_prefix, errors)
-        return summary
+            err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
+            part = layout.output_part(shard, spec.output_format.value)
+            await ctx.write(part, _embedding_part(spec, entries, rows, vectors))
+    elif layout.input_format is InputFormat.OPENAI:
+        out_rows, err_rows = _openai_lines(spec, entries, rows)
+        part = layout.output_part(shard, "jsonl")
+        await ctx.write(part, formats.write_jsonl(out_rows))
+    else:
+        out = [_output_row(spec, e, rows.get(e.item_id)) for e in entries]
+        err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
+        if spec.output_format is OutputFormat.PARQUET:
+            part = layout.output_part(shard, "parquet")
+            await ctx.write(part, formats.write_parquet(out))
+        else:
+            part = layout.output_part(shard, "jsonl")
+            await ctx.write(part, formats.write_jsonl(out))
+    if spec.task is Task.EMBED:
+        await _sweep_vectors(ctx, layout.vectors_folder(shard), entries)
+    summary.output_parts.append(part)
+    errors = layout.error_part(shard)
+    if err_rows:
+        await ctx.write(errors, formats.write_jsonl(err_rows))
+        summary.output_parts.append(errors)
+    else:
+        # A re-drive can leave a shard without errors: its old error file must go.
+        await asyncio.to_thread(ctx.store(errors).delete, errors)
+    return summary
 
 
 async def _sweep_vectors(

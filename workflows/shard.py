@@ -1,4 +1,6 @@
-"""ShardWorkflow: one shard's rows through prepare (read and render) → generate → write."""
+"""ShardWorkflow: one shard's rows through prepare (read and render) → generate → write.
+
+A shard with nothing left to generate after prepare is written by prepare itself."""
 
 from __future__ import annotations
 
@@ -88,6 +90,12 @@ class ShardWorkflow:
                 **options.cpu_step(spec, summary=f"shard {shard}: read and render rows"),
             )
             summary.items, rendered = prepared.rows, prepared
+            if prepared.summary is not None:
+                # Answered whole, and written: prepare_shard did the write step's work.
+                # Decided by the recorded result, so histories from before replay as
+                # they ran (their results have no summary).
+                _stop_if_cancelled()
+                return prepared.summary
         else:
             # A shard started before prepare_shard existed: its two steps, as recorded.
             fetched: FetchResult = await workflow.execute_activity(

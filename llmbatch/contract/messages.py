@@ -390,6 +390,13 @@ class RenderResult(BaseModel):
 class PrepareResult(FetchResult, RenderResult):
     """``prepare_shard``: the rows it read and what became of them."""
 
+    summary: ShardSummary | None = Field(
+        default=None,
+        description="A shard with nothing left to generate (every row answered or dead) "
+        "has its output part written by prepare_shard itself: this is then what "
+        "write_shard would have returned, and the shard has no write step.",
+    )
+
 
 class GenerateProgress(BaseModel):
     """Heartbeat details of ``generate``: how far the attempt got."""
@@ -428,3 +435,4 @@ class ShardSummary(BaseModel):
 
 
 BatchJobState.model_rebuild()
+PrepareResult.model_rebuild()

@@ -16,17 +16,20 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 
 from llmbatch import ledger
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary, Usage
-from llmbatch.contract.names import GENERATE, shard_workflow_id
+from llmbatch.contract.names import GENERATE, PREPARE_SHARD, WRITE_SHARD, shard_workflow_id
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.devstack.tiny_model import build_tiny_model
 from llmbatch.ledger import served_models
+from tests.fixtures.replay import replayer
 from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
+from workflows.shard import ShardWorkflow
 
 if TYPE_CHECKING:
     from llmbatch.engine.vllm_engine import Engine
@@ -168,8 +171,9 @@ async def test_repeated_requests_are_generated_once_and_a_cached_rerun_needs_no_
     assert engine.requests_submitted - before == 0
     assert await _claimed(workers, again.job_id) == 0
     for shard in range(ROWS // 1000):
+        # Answered whole: prepare_shard wrote the output part too, in the shard's one step.
         workflow_id = shard_workflow_id(again.job_id, shard)
-        assert GENERATE not in await _activities(temporal_client, workflow_id)
+        assert await _activities(temporal_client, workflow_id) == {PREPARE_SHARD}
     assert rerun.items_succeeded == ROWS
     assert rerun.usage.cached + rerun.usage.deduplicated == ROWS
     assert rerun.usage.cached >= DISTINCT and rerun.usage.generated == 0
@@ -205,10 +209,14 @@ async def test_later_shards_are_answered_at_render_from_the_jobs_own_leads(
     assert (summary.usage.generated, summary.usage.deduplicated) == (distinct, rows - distinct)
     # Only the first shard's items were ever claimed by a generate attempt.
     assert await _claimed(workers, spec.job_id) == shard_size
-    assert GENERATE in await _activities(temporal_client, shard_workflow_id(spec.job_id, 0))
+    assert await _activities(temporal_client, shard_workflow_id(spec.job_id, 0)) == {
+        PREPARE_SHARD,
+        GENERATE,
+        WRITE_SHARD,
+    }
     for shard in range(1, rows // shard_size):
         workflow_id = shard_workflow_id(spec.job_id, shard)
-        assert GENERATE not in await _activities(temporal_client, workflow_id)
+        assert await _activities(temporal_client, workflow_id) == {PREPARE_SHARD}
     by_id = {r["item_id"]: r for r in _output(tmp_path / "out", spec.job_id)}
     for row in by_id.values():
         if row["result_source"] == "deduplicated":
@@ -218,6 +226,12 @@ async def test_later_shards_are_answered_at_render_from_the_jobs_own_leads(
                 row["input"]["name"],
                 row["text"],
             )
+    # Both kinds of shard replay with today's code: which steps ran is decided by
+    # the recorded result of prepare_shard alone.
+    replaying = replayer([ShardWorkflow], data_converter=pydantic_data_converter)
+    for shard in range(rows // shard_size):
+        handle = temporal_client.get_workflow_handle(shard_workflow_id(spec.job_id, shard))
+        await replaying.replay_workflow(await handle.fetch_history())
 
 
 async def test_sampled_requests_without_a_seed_are_each_generated(
