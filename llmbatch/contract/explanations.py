@@ -111,7 +111,8 @@ FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
         "longer than the heartbeat timeout.",
     ),
     FailureType.INCOMPLETE_SHARD: Explanation(
-        "`write_shard` found items of its shard that are neither succeeded nor dead.",
+        "`write_shard` (or `prepare_shard`, writing a shard it answered whole) found items "
+        "of its shard that are neither succeeded nor dead.",
         "A bug or a ledger edited by hand: report it; a re-drive of the job's dead items "
         "rewrites the shard.",
     ),

@@ -37,7 +37,9 @@ async def test_a_batch_completes_and_its_files_answer_every_request_by_custom_id
     created = await client.batches.create(
         input_file_id=f.id, endpoint=CHAT, completion_window="24h", metadata={"team": "search"}
     )
-    assert created.status == "validating" and created.model == served_model
+    # Create answers with the batch as recorded when it answers: validating, or already
+    # in_progress when the job was planned first (five rows on a quiet machine can be).
+    assert created.status in ("validating", "in_progress") and created.model == served_model
     assert created.metadata == {"team": "search"} and created.expires_at is not None
 
     batch = await until(
