@@ -378,8 +378,10 @@ def _sampling(body: dict[str, Any], defaults: SamplingSpec) -> SamplingSpec:
         raise InvalidRequest(f"invalid sampling parameters: {exc}") from exc
 
 
-def _short_hash(*parts: str) -> str:
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+def _short_hash(job_id: str, custom_id: str) -> str:
+    """The id of a request's output or error line: the same for a custom id in every
+    attempt and file of its job."""
+    return hashlib.sha256(f"{job_id}\x1f{custom_id}".encode()).hexdigest()[:24]
 
 
 def output_line(
@@ -405,8 +407,27 @@ def output_line(
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-    given = choices or [{"index": 0, "text": text, "finish_reason": finish_reason}]
     body: dict[str, Any]
+    if not choices and endpoint is not ApiEndpoint.COMPLETIONS:
+        # The common line, a chat completion of one choice, built directly: the
+        # write step makes one per item (a cached shard's whole work, next to its read).
+        body = {
+            "id": f"chatcmpl-{key}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text or ""},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage,
+        }
+        return _succeeded_line(key, custom_id, body)
+    given = choices or [{"index": 0, "text": text, "finish_reason": finish_reason}]
     if endpoint is ApiEndpoint.COMPLETIONS:
         body = {
             "id": f"cmpl-{key}",
@@ -441,6 +462,10 @@ def output_line(
             ],
             "usage": usage,
         }
+    return _succeeded_line(key, custom_id, body)
+
+
+def _succeeded_line(key: str, custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"batch_req_{key}",
         "custom_id": custom_id,
@@ -469,7 +494,8 @@ def result_line(
     """A succeeded item's output line, from its ledger row: for /v1/embeddings, OpenAI's
     embedding list of its staged ``vectors`` in the line's ``encoding``; else its
     completion."""
-    if spec.endpoint is ApiEndpoint.EMBEDDINGS:
+    endpoint = spec.endpoint
+    if endpoint is ApiEndpoint.EMBEDDINGS:
         return embedding_output_line(
             job_id=spec.job_id,
             custom_id=row.item_id,
@@ -488,7 +514,7 @@ def result_line(
         prompt_tokens=row.prompt_tokens or 0,
         completion_tokens=row.completion_tokens or 0,
         created=int(row.finished_at.timestamp()) if row.finished_at else 0,
-        endpoint=spec.endpoint,
+        endpoint=endpoint,
         choices=result.get("choices"),
     )
 
