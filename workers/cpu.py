@@ -28,7 +28,7 @@ from workers.heartbeat import HEARTBEAT_THROTTLE, BackgroundHeartbeatInterceptor
 from workers.preflight import check_services
 from workers.queues import export_gauges
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
-from workers.startup import freeze_startup_objects
+from workers.startup import tune_garbage_collector
 from workflows.batch_job import BatchJobWorkflow
 from workflows.dead_letter import DeadLetterWorkflow
 from workflows.provider_batch import ProviderBatchWorkflow
@@ -111,7 +111,7 @@ async def run_cpu_worker(settings: Settings) -> None:
     telemetry.install(component="cpu-worker")
     client = await check_services(settings)
     name = "cpu worker"
-    freeze_startup_objects()
+    tune_garbage_collector()
     try:
         pool = await ledger.db.create_pool(settings.postgres_dsn.get_secret_value())
         # The engine queues' backlog as gauges, for dashboards and autoscalers.

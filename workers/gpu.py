@@ -35,7 +35,7 @@ from llmbatch.engine.vllm_engine import Engine
 from workers.heartbeat import HEARTBEAT_THROTTLE
 from workers.preflight import check_services
 from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
-from workers.startup import ColdStart, advertise, clear_ready, freeze_startup_objects, mark_ready
+from workers.startup import ColdStart, advertise, clear_ready, mark_ready, tune_garbage_collector
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ async def run_gpu_worker(
     cold.phase("imports and service checks")
     engine = await Engine.start(options.for_task(task))
     cold.phase("engine load (weights, compile, graph capture, KV cache)")
-    freeze_startup_objects()
+    tune_garbage_collector()
     dead = asyncio.Event()
 
     def engine_died(exc: BaseException) -> None:

@@ -62,15 +62,27 @@ def clear_ready(path: Path | None) -> None:
             path.unlink()
 
 
-def freeze_startup_objects() -> None:
-    """Move every object alive now (imported modules, the engine, the Temporal SDK)
-    out of the garbage collector's sight: they live as long as the process, and each
-    full collection would walk all of them again. Measured with py-spy on the cached
-    path (benchmarks/dedup_cache.py): full collections over ~120,000 startup objects
-    took about 0.1 s each and landed inside the per-item loops. Objects made later are
-    collected as usual."""
+# The collector's thresholds in a running worker (CPython's are 700, 10, 10). A worker
+# makes objects by the shard: a shard's rows, ledger rows and output lines, tens of
+# thousands that live until its step ends. At 700 a young collection ran every few
+# rows and walked every one of them still alive, and they reached the oldest
+# generation in a few shards, whose full collections walked them again: an eighth of
+# the CPU worker's time on the cached path (measured with gc.callbacks, 0.9 s of about
+# 7.5 s over 8 cached jobs of 10,000 rows). 50,000 lets most of them die before a
+# collection looks at them; full collections still come (every 10 of the middle ones),
+# so a cycle holding a shard's rows is freed within a few shards.
+GC_THRESHOLDS = (50_000, 20, 10)
+
+
+def tune_garbage_collector() -> None:
+    """Set the collector for a worker that has started: every object alive now
+    (imported modules, the engine, the Temporal SDK) is moved out of its sight, as
+    they live as long as the process and each full collection walked all of them
+    again (about 0.1 s each over ~120,000 startup objects, inside the per-item loops);
+    and later objects are collected at :data:`GC_THRESHOLDS`."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def advertise(
