@@ -197,12 +197,20 @@ async def register_items(
                         {answer("finished_at")}, {answer("error_class")},
                         {answer("error_message")}
                     WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
-                RETURNING status, result_source, prompt_tokens, completion_tokens
+                RETURNING item_id, status, result_source, prompt_tokens, completion_tokens
             )
-            SELECT result_source, count(*) AS items,
-                   coalesce(sum(prompt_tokens), 0)::bigint AS prompt_tokens,
-                   coalesce(sum(completion_tokens), 0)::bigint AS completion_tokens
+            -- The ids finished now, what answered them, and how many rows were written:
+            -- when that is every item, no id needs looking up again (below).
+            SELECT 'done' AS kind, item_id, NULL AS result_source, 0::bigint AS items,
+                   0::bigint AS prompt_tokens, 0::bigint AS completion_tokens
+            FROM registered WHERE status = ANY($7::text[])
+            UNION ALL
+            SELECT 'answered', NULL, result_source, count(*),
+                   coalesce(sum(prompt_tokens), 0)::bigint,
+                   coalesce(sum(completion_tokens), 0)::bigint
             FROM registered WHERE status = $9 GROUP BY result_source
+            UNION ALL
+            SELECT 'written', NULL, NULL, count(*), 0, 0 FROM registered
             """,
             job_id,
             shard,
@@ -219,19 +227,26 @@ async def register_items(
             [i.cache_key for i in items],
             [i.lead_key for i in items],
         )
-        # A concurrent shard inserting the same id waits on the key, then finds it taken.
-        rows = await conn.fetch(
-            "SELECT item_id, shard <> $3 AS elsewhere FROM items "
-            "WHERE job_id = $1 AND item_id = ANY($2::text[]) "
-            "AND (shard <> $3 OR status = ANY($4::text[]))",
-            job_id,
-            ids,
-            shard,
-            TERMINAL,
-        )
+        done = {r["item_id"] for r in answered if r["kind"] == "done"}
+        elsewhere: set[str] = set()
+        if next(r["items"] for r in answered if r["kind"] == "written") < len(ids):
+            # Some ids were already there and not written: finished before, or another
+            # shard's. A separate statement, so it also sees a concurrent shard's insert
+            # of the same id, which the insert above waited for and found taken.
+            rows = await conn.fetch(
+                "SELECT item_id, shard <> $3 AS elsewhere FROM items "
+                "WHERE job_id = $1 AND item_id = ANY($2::text[]) "
+                "AND (shard <> $3 OR status = ANY($4::text[]))",
+                job_id,
+                ids,
+                shard,
+                TERMINAL,
+            )
+            done |= {r["item_id"] for r in rows if not r["elsewhere"]}
+            elsewhere = {r["item_id"] for r in rows if r["elsewhere"]}
     return Registered(
-        done={r["item_id"] for r in rows if not r["elsewhere"]},
-        elsewhere={r["item_id"] for r in rows if r["elsewhere"]},
+        done=done,
+        elsewhere=elsewhere,
         answered=[
             Answered(
                 source=ResultSource(r["result_source"]),
@@ -240,6 +255,7 @@ async def register_items(
                 completion_tokens=r["completion_tokens"],
             )
             for r in answered
+            if r["kind"] == "answered"
         ],
     )
 
