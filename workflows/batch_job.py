@@ -60,7 +60,6 @@ with workflow.unsafe.imports_passed_through():
         SET_JOB_PAUSED,
         SHARD_FINISHED_SIGNAL,
         SHARD_WORKFLOW,
-        START_SHARDS_TOGETHER,
         dead_letter_workflow_id,
         shard_workflow_id,
     )
@@ -276,7 +275,8 @@ class BatchJobWorkflow:
             if self._expired:
                 return
             self._count_reports()
-            await self._start_shards()
+            while self._may_start_shard():
+                await self._start_next_shard()
             if not self._progress.shards_running and self._all_started():
                 return
             if workflow.info().is_continue_as_new_suggested():
@@ -478,37 +478,14 @@ class BatchJobWorkflow:
             and len(self._progress.shards_running) < self._spec.max_concurrent_shards
         )
 
-    async def _start_shards(self) -> None:
-        """Start every shard the window has room for.
-
-        Together: their starts go to Temporal in one workflow task, where one at a
-        time each waited for the last one's start to come back in a task of its own
-        (a task each in Temporal and on the CPU worker, and the later shards started
-        that much later). Histories from before replay one at a time, as they ran.
-        """
-        if not self._may_start_shard():
-            return
-        if not workflow.patched(START_SHARDS_TOGETHER):
-            while self._may_start_shard():
-                await self._start_shard(self._take_next_shard())
-            return
-        shards = []
-        while self._may_start_shard():
-            shards.append(self._take_next_shard())
-        await asyncio.gather(*(self._start_shard(shard) for shard in shards))
-
-    def _take_next_shard(self) -> int:
-        """The next shard, counted running from here: a cancel that comes while its
-        start is awaited must reach it too."""
-        p = self._progress
+    async def _start_next_shard(self) -> None:
+        plan, p = self._state.plan, self._progress
+        assert plan is not None
         shard = self._state.next_shard
+        # In the window before the start is awaited: a cancel that comes meanwhile
+        # must reach this shard too.
         p.shards_running = sorted([*p.shards_running, shard])
         self._state.next_shard += 1
-        return shard
-
-    async def _start_shard(self, shard: int) -> None:
-        plan = self._state.plan
-        assert plan is not None
         try:
             await workflow.start_child_workflow(
                 SHARD_WORKFLOW,

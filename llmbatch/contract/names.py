@@ -47,11 +47,6 @@ FAIL_SHARD = "fail_shard"
 REPORT_DEAD_LETTERS = "report_dead_letters"
 REQUEUE_DEAD_LETTERS = "requeue_dead_letters"
 
-# Patch ids of workflow code that changed its commands (histories from before replay
-# without them).
-# BatchJobWorkflow starts the shards its window has room for together, in one task.
-START_SHARDS_TOGETHER = "start_shards_together"
-
 # BatchJobWorkflow's handlers.
 SHARD_FINISHED_SIGNAL = "shard_finished"
 PROGRESS_QUERY = "progress"
