@@ -408,27 +408,8 @@ def output_line(
         "total_tokens": prompt_tokens + completion_tokens,
     }
     body: dict[str, Any]
-    if not choices and endpoint is not ApiEndpoint.COMPLETIONS:
-        # The common line, a chat completion of one choice, built directly: the
-        # write step makes one per item (a cached shard's whole work, next to its read).
-        body = {
-            "id": f"chatcmpl-{key}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text or ""},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": usage,
-        }
-        return _succeeded_line(key, custom_id, body)
-    given = choices or [{"index": 0, "text": text, "finish_reason": finish_reason}]
     if endpoint is ApiEndpoint.COMPLETIONS:
+        given = choices or [{"index": 0, "text": text, "finish_reason": finish_reason}]
         body = {
             "id": f"cmpl-{key}",
             "object": "text_completion",
@@ -445,23 +426,36 @@ def output_line(
             ],
             "usage": usage,
         }
+        return _succeeded_line(key, custom_id, body)
+    if choices:
+        listed = [
+            {
+                "index": c.get("index", n),
+                "message": {"role": "assistant", "content": c.get("text") or ""},
+                "logprobs": c.get("logprobs"),
+                "finish_reason": c.get("finish_reason"),
+            }
+            for n, c in enumerate(choices)
+        ]
     else:
-        body = {
-            "id": f"chatcmpl-{key}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": c.get("index", n),
-                    "message": {"role": "assistant", "content": c.get("text") or ""},
-                    "logprobs": c.get("logprobs"),
-                    "finish_reason": c.get("finish_reason"),
-                }
-                for n, c in enumerate(given)
-            ],
-            "usage": usage,
-        }
+        # The common line, one choice, built directly: the write step makes one per
+        # item (a cached shard's whole work, next to its read).
+        listed = [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text or ""},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ]
+    body = {
+        "id": f"chatcmpl-{key}",
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": listed,
+        "usage": usage,
+    }
     return _succeeded_line(key, custom_id, body)
 
 
