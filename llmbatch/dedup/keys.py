@@ -55,7 +55,11 @@ def request_key(
     # The JSON of [model, *what, sampling] with the sampling's part spliced in (the
     # same text as dumping the whole list): most requests of a job share one sampling
     # object, so its dump is worked out once, not once per request.
-    head = _dumps([model_identity(model), *what])
+    head = (
+        _encode_sorted([model_identity(model), messages]).decode()
+        if what[0] is messages and _text_messages(messages)
+        else _dumps([model_identity(model), *what])
+    )
     body = f"{head[:-1]},{_sampling_json(sampling)}]"
     return hashlib.sha256(body.encode()).hexdigest()
 
@@ -67,6 +71,16 @@ def _dumps(value: Any) -> str:
     if _floatless(value):
         return _encode_sorted(value).decode()
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _text_messages(messages: Any) -> bool:
+    """Whether ``messages`` are what parsing and rendering make of chat messages: dicts
+    of text to text. The common request's check, a fifth of :func:`_floatless`'s time
+    (which walks any JSON value), with the same answer for such messages."""
+    return type(messages) is list and all(
+        type(m) is dict and all(type(k) is str and type(v) is str for k, v in m.items())
+        for m in messages
+    )
 
 
 def _encode_sorted(value: Any) -> bytes:

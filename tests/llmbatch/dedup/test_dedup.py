@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -64,6 +65,22 @@ def test_request_keys_hash_the_text_json_writes_whichever_encoder_writes_it(valu
     assert _dumps(value) == json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
+
+
+@given(st.lists(st.dictionaries(st.text(), st.text() | st.integers(), max_size=3), max_size=3))
+def test_chat_messages_key_as_the_json_text_of_the_request(
+    messages: list[dict[str, object]],
+) -> None:
+    # Text-only messages skip the general float check: the key must be the same text's.
+    sampling = SamplingSpec()
+    text = json.dumps(
+        ["m", messages, sampling.model_dump(mode="json", exclude={"params"})],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    expected = hashlib.sha256(text.encode()).hexdigest()
+    assert request_key(model="m", messages=messages, sampling=sampling) == expected
 
 
 async def test_a_model_rebuilt_with_other_weights_misses_the_cache(
