@@ -199,11 +199,12 @@ async def register_items(
                     WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
                 RETURNING item_id, status, result_source, prompt_tokens, completion_tokens
             )
-            -- The ids finished now, what answered them, and how many rows were written:
-            -- when that is every item, no id needs looking up again (below).
-            SELECT 'done' AS kind, item_id, NULL AS result_source, 0::bigint AS items,
+            -- The ids written and left to run (not those finished: a cached shard's
+            -- are all of them), what answered the others, and how many rows were
+            -- written: when that is every item, no id needs looking up again (below).
+            SELECT 'pending' AS kind, item_id, NULL AS result_source, 0::bigint AS items,
                    0::bigint AS prompt_tokens, 0::bigint AS completion_tokens
-            FROM registered WHERE status = ANY($7::text[])
+            FROM registered WHERE status <> ALL($7::text[])
             UNION ALL
             SELECT 'answered', NULL, result_source, count(*),
                    coalesce(sum(prompt_tokens), 0)::bigint,
@@ -227,12 +228,14 @@ async def register_items(
             [i.cache_key for i in items],
             [i.lead_key for i in items],
         )
-        done = {r["item_id"] for r in answered if r["kind"] == "done"}
         elsewhere: set[str] = set()
-        if next(r["items"] for r in answered if r["kind"] == "written") < len(ids):
+        if next(r["items"] for r in answered if r["kind"] == "written") == len(ids):
+            done = set(ids).difference(r["item_id"] for r in answered if r["kind"] == "pending")
+        else:
             # Some ids were already there and not written: finished before, or another
             # shard's. A separate statement, so it also sees a concurrent shard's insert
-            # of the same id, which the insert above waited for and found taken.
+            # of the same id, which the insert above waited for and found taken; it
+            # finds those finished just now as well.
             rows = await conn.fetch(
                 "SELECT item_id, shard <> $3 AS elsewhere FROM items "
                 "WHERE job_id = $1 AND item_id = ANY($2::text[]) "
@@ -242,7 +245,7 @@ async def register_items(
                 shard,
                 TERMINAL,
             )
-            done |= {r["item_id"] for r in rows if not r["elsewhere"]}
+            done = {r["item_id"] for r in rows if not r["elsewhere"]}
             elsewhere = {r["item_id"] for r in rows if r["elsewhere"]}
     return Registered(
         done=done,
