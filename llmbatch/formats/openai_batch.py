@@ -85,12 +85,13 @@ ONLY_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "tools": (([],), "the engine workers run no tool parser"),
     "functions": (([],), "the engine workers run no tool parser"),
 }
+_ONLY_VALUE_NAMES = frozenset(ONLY_VALUES)
 
 
-@dataclass(frozen=True)
-class ParsedRequest:
+class ParsedRequest(msgspec.Struct, frozen=True):
     """One batch line, ready to run: chat ``messages``, or a raw ``prompt`` as text or
-    as the model's token ids (a /v1/completions line)."""
+    as the model's token ids (a /v1/completions line). A struct, not a dataclass: one
+    is made for each line a shard renders, a fifth of the time a frozen dataclass takes."""
 
     custom_id: str
     sampling: SamplingSpec
@@ -306,6 +307,8 @@ def _check_model(named: Any, model: str) -> None:
 
 def _check_parameters(body: dict[str, Any]) -> None:
     """Refuse, naming it, a parameter asked at a value that cannot run (ONLY_VALUES)."""
+    if _ONLY_VALUE_NAMES.isdisjoint(body):
+        return  # the common line: none of them asked (a set test, once a line)
     for name, (allowed, why) in ONLY_VALUES.items():
         value = body.get(name)
         if value is None or value in allowed:
