@@ -18,6 +18,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import (
     ApplicationError,
+    ChildWorkflowError,
     FailureError,
     WorkflowAlreadyStartedError,
     is_cancelled_exception,
@@ -55,10 +56,12 @@ with workflow.unsafe.imports_passed_through():
         PROGRESS_QUERY,
         RECORD_API_BATCH,
         RECORD_JOB_END,
+        REPORT_BY_SIGNAL,
         RESUME_UPDATE,
         SET_API_BATCH_STATUS,
         SET_JOB_PAUSED,
         SHARD_FINISHED_SIGNAL,
+        SHARD_RESULTS,
         SHARD_WORKFLOW,
         dead_letter_workflow_id,
         shard_workflow_id,
@@ -80,8 +83,11 @@ class BatchJobWorkflow:
     """The parent of a job; workflow id = job id.
 
     Shards run as children started with ParentClosePolicy.ABANDON and report back by
-    the ``shard_finished`` signal, so this workflow can continue as new at any time
-    with shards still running, and its history stays short whatever the job size.
+    their result. Before this workflow continues as new (which keeps its history
+    short whatever the job size), it asks the shards still running to report by the
+    ``shard_finished`` signal instead, which reaches the newest run: so it continues
+    at any time, with shards still running. Runs from before ``SHARD_RESULTS`` (no
+    patch marker) had every shard signal, and still do.
 
     All of the job's state is ``self._state`` (a :class:`BatchJobState`): the plan,
     the next shard to start, the progress (whose ``shards_running`` is the window)
@@ -113,6 +119,11 @@ class BatchJobWorkflow:
         # whether it was written (False: refused, the job ends without running).
         self._recorded: bool | None = None
         self._record_refusal = ""
+        # Shards report by their result (SHARD_RESULTS): set when the run starts. The
+        # shards this run started and still runs, and the tasks awaiting their results.
+        self._by_result = False
+        self._children: dict[int, workflow.ChildWorkflowHandle[Any, ShardSummary]] = {}
+        self._results: dict[int, asyncio.Task[None]] = {}
 
     @property
     def _progress(self) -> JobProgress:
@@ -212,6 +223,9 @@ class BatchJobWorkflow:
                 self._input_error, type=FailureType.INVALID_JOB_SPEC, non_retryable=True
             )
         _check_job_id(self._spec.job_id)
+        # A signal per shard cost the shard two events and a workflow task, and this
+        # workflow one more task, on top of the child's completion it gets anyway.
+        self._by_result = workflow.patched(SHARD_RESULTS)
         self._name_for_web_ui()
         await self._await_record()
         if self._progress.started_at is None:
@@ -288,7 +302,35 @@ class BatchJobWorkflow:
     async def _continue_as_new(self) -> None:
         """Hand the state over to a fresh run; running shards report to it (same id)."""
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._hand_over_reports()
         workflow.continue_as_new(BatchJobInput(spec=self._spec, state=self._state))
+
+    async def _hand_over_reports(self) -> None:
+        """Ask the shards this run started and still runs to report by signal: their
+        results would reach only this run. A shard the ask no longer finds has closed,
+        and its result is on its way here: it is awaited, so its report is carried."""
+        children = list(self._children.items())
+        asked = await asyncio.gather(
+            *(h.signal(REPORT_BY_SIGNAL, workflow.info().workflow_id) for _, h in children),
+            return_exceptions=True,
+        )
+        for (shard, _), outcome in zip(children, asked, strict=True):
+            if isinstance(outcome, BaseException):
+                await self._results[shard]
+
+    async def _report_of(
+        self, shard: int, handle: workflow.ChildWorkflowHandle[Any, ShardSummary]
+    ) -> None:
+        """The shard's result, as its report; a shard that ended without one (cancelled
+        with the job) is not counted, as it sent no signal before."""
+        try:
+            summary = await handle
+        except (ChildWorkflowError, asyncio.CancelledError) as err:
+            workflow.logger.info("shard %s ended without a summary: %s", shard, err)
+            return
+        finally:
+            self._children.pop(shard, None)
+        self._state.finished.append(summary)
 
     async def _cancel_shards(self, state: JobState = JobState.CANCELLED) -> None:
         """Pass the job's cancel on to its running shards: abandoned children do not
@@ -487,7 +529,7 @@ class BatchJobWorkflow:
         p.shards_running = sorted([*p.shards_running, shard])
         self._state.next_shard += 1
         try:
-            await workflow.start_child_workflow(
+            handle = await workflow.start_child_workflow(
                 SHARD_WORKFLOW,
                 ShardInput(
                     spec=self._spec,
@@ -496,15 +538,20 @@ class BatchJobWorkflow:
                     gpu_task_queue=plan.gpu_task_queue,
                     generate_schedule_to_start=plan.generate_schedule_to_start,
                     priority_aging=plan.priority_aging,
-                    parent_workflow_id=workflow.info().workflow_id,
+                    # Set, the shard signals its summary (runs from before SHARD_RESULTS).
+                    parent_workflow_id=None if self._by_result else workflow.info().workflow_id,
                 ),
                 id=shard_workflow_id(self._spec.job_id, shard),
+                result_type=ShardSummary,
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 static_summary=f"{self._spec.job_id} shard {shard} of {plan.shard_count}",
                 priority=options.child_priority(self._spec),
             )
         except WorkflowAlreadyStartedError:
-            pass  # still running from before a continue-as-new: its signal will come
+            return  # still running from before a continue-as-new: its signal will come
+        if self._by_result:
+            self._children[shard] = handle
+            self._results[shard] = asyncio.create_task(self._report_of(shard, handle))
 
     def _count_reports(self) -> None:
         p = self._progress

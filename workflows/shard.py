@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         GENERATE,
         PREPARE_SHARD,
         RENDER_PROMPTS,
+        REPORT_BY_SIGNAL,
         REPORT_DEAD_LETTERS,
         SHARD_FINISHED_SIGNAL,
         SHARD_WORKFLOW,
@@ -51,11 +52,24 @@ from workflows import options
 
 @workflow.defn(name=SHARD_WORKFLOW)
 class ShardWorkflow:
-    """Runs one shard and reports its summary to the parent job by signal.
+    """Runs one shard and returns its summary, which is how the job workflow that
+    started it learns it finished.
 
-    The parent starts shards with ParentClosePolicy.ABANDON (so it can continue as
-    new while shards run), which is why completion is a signal, not a child result.
+    The parent starts shards with ParentClosePolicy.ABANDON, so it can continue as
+    new while shards run; a child's result would reach only the run that ends, so
+    before it does it asks the shards still running to report by the
+    ``shard_finished`` signal instead (``report_by_signal``), which goes to the job's
+    newest run. Shards started by a job of an earlier release (``parent_workflow_id``
+    set) always signal, as they did then.
     """
+
+    def __init__(self) -> None:
+        # The job workflow to signal when done, once it asks (report_by_signal).
+        self._report_to: str | None = None
+
+    @workflow.signal(name=REPORT_BY_SIGNAL)
+    def report_by_signal(self, job_workflow_id: str) -> None:
+        self._report_to = job_workflow_id
 
     @workflow.run
     async def run(self, input: ShardInput) -> ShardSummary:
@@ -76,7 +90,7 @@ class ShardWorkflow:
                     summary=f"shard {input.shard}: report {summary.dead} dead", spec=input.spec
                 ),
             )
-        await _tell_parent(input, summary)
+        await _tell_parent(input.parent_workflow_id or self._report_to, input.shard, summary)
         return summary
 
     async def _run_steps(self, input: ShardInput, summary: ShardSummary) -> ShardSummary:
@@ -280,24 +294,22 @@ def _stop_if_cancelled() -> None:
         raise asyncio.CancelledError()
 
 
-async def _tell_parent(input: ShardInput, summary: ShardSummary) -> None:
-    """Signal the summary to the job's workflow, if it still runs.
+async def _tell_parent(parent_id: str | None, shard: int, summary: ShardSummary) -> None:
+    """Signal the summary to the job's workflow ``parent_id`` (None: the result says it
+    all), if it still runs.
 
     A parent that was cancelled, terminated or timed out while this shard ran is
     closed: the signal fails, and there is nobody left to tell. The shard's work is
     in the ledger either way, so it ends cleanly rather than as a failed workflow.
     """
-    if input.parent_workflow_id is None:
+    if parent_id is None:
         return
-    parent = workflow.get_external_workflow_handle(input.parent_workflow_id)
+    parent = workflow.get_external_workflow_handle(parent_id)
     try:
         await parent.signal(SHARD_FINISHED_SIGNAL, summary)
     except FailureError as err:
         workflow.logger.info(
-            "shard %s: job %s has closed, its summary is not sent (%s)",
-            input.shard,
-            input.parent_workflow_id,
-            err,
+            "shard %s: job %s has closed, its summary is not sent (%s)", shard, parent_id, err
         )
 
 

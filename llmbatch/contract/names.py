@@ -49,10 +49,17 @@ REQUEUE_DEAD_LETTERS = "requeue_dead_letters"
 
 # BatchJobWorkflow's handlers.
 SHARD_FINISHED_SIGNAL = "shard_finished"
+# Also the patch id of the job workflow code under which shards report by their
+# result, not by signal (workflows.batch_job).
+SHARD_RESULTS = "shard_results"
 PROGRESS_QUERY = "progress"
 PAUSE_UPDATE = "pause"
 RESUME_UPDATE = "resume"
 CREATE_API_BATCH_UPDATE = "create_api_batch"
+
+# ShardWorkflow's handler: report to the job by signal after all (the job workflow is
+# about to continue as new, and a child's result would reach only the run it ends).
+REPORT_BY_SIGNAL = "report_by_signal"
 
 # DeadLetterWorkflow's handlers.
 DEAD_LETTERS_SIGNAL = "dead_letters"

@@ -12,6 +12,7 @@ from llmbatch.contract.names import (
     GENERATE,
     PREPARE_SHARD,
     RECORD_JOB_END,
+    REPORT_BY_SIGNAL,
     WRITE_SHARD,
     shard_workflow_id,
 )
@@ -78,8 +79,9 @@ async def test_cancelling_the_job_cancels_every_running_shard(
 
 async def test_shard_whose_job_is_gone_completes(orchestration_client: Client) -> None:
     """The job is terminated while its shard runs; the shard (abandoned, not
-    cancelled) finishes its steps, fails to signal the closed job, and still ends
-    COMPLETED with its summary, not FAILED."""
+    cancelled), asked to report by signal (as a job about to continue as new asks),
+    finishes its steps, fails to signal the closed job, and still ends COMPLETED with
+    its summary, not FAILED."""
     async with orchestrate(orchestration_client, shards=1) as run:
         s = run.stand_ins
         s.close_gate(PREPARE_SHARD, 0)
@@ -87,6 +89,7 @@ async def test_shard_whose_job_is_gone_completes(orchestration_client: Client) -
         await s.until_called(PREPARE_SHARD, 0)
         await job.terminate("the job is gone")
         assert await run.status(run.job_id) == WorkflowExecutionStatus.TERMINATED
+        await run.shard(0).signal(REPORT_BY_SIGNAL, run.job_id)
 
         s.open_gate(PREPARE_SHARD, 0)
         summary: ShardSummary = await result_of(run.shard(0))

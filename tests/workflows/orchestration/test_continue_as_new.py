@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from llmbatch.contract.messages import JobSummary
@@ -25,7 +26,8 @@ async def test_continue_as_new_with_shards_in_flight_counts_each_shard_once(
     """On a server that suggests continue-as-new after 40 events, a job of 12 shards
     continues as new while shard 0 is held in prepare_shard (so every new run starts with
     shards still running, whose reports go to the newest run): the job completes
-    with each shard run once and counted once, in a run other than the first."""
+    with each shard run once and counted once, in a run other than the first. Shards
+    running at a continue-as-new report by signal; the others by their result."""
     async with orchestrate(short_history_client, shards=SHARDS) as run:
         s = run.stand_ins
         s.close_gate(PREPARE_SHARD, 0)
@@ -43,6 +45,16 @@ async def test_continue_as_new_with_shards_in_flight_counts_each_shard_once(
         latest = await run.client.get_workflow_handle(run.job_id).describe()
         assert latest.run_id != first_run
         assert latest.status == WorkflowExecutionStatus.COMPLETED
+        # Shard 0 ran across each continue-as-new: asked to report by signal, it did;
+        # shards that ended in the run that started them reported by their result.
+        signalled = EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+        asked = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        assert await run.has_event(run.shard(0).id, asked)
+        assert await run.has_event(run.shard(0).id, signalled)
+        by_result = [sh for sh in range(SHARDS) if not await run.has_event(run.shard(sh).id, asked)]
+        assert by_result
+        for shard in by_result:
+            assert not await run.has_event(run.shard(shard).id, signalled), shard
 
     for shard in range(SHARDS):
         assert s.steps_of(shard) == [PREPARE_SHARD, GENERATE, WRITE_SHARD], shard

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from llmbatch.contract.messages import JobProgress, JobSummary
@@ -58,6 +59,14 @@ async def test_window_runs_every_shard_once_and_sums_them(
 
     succeeded = sum(rows_of(sh) - dead.get(sh, 0) for sh in range(SHARDS))
     assert s.max_in_flight == WINDOW
+    # With no continue-as-new, every shard reported by its result: no signal either way.
+    history = await run.client.get_workflow_handle(run.job_id).fetch_history()
+    assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED not in {
+        e.event_type for e in history.events
+    }
+    for shard in range(SHARDS):
+        signalled = EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+        assert not await run.has_event(run.shard(shard).id, signalled), shard
     assert [c.step for c in s.calls if c.shard is None] == [PLAN_JOB, FINALIZE_JOB]
     for shard in range(SHARDS):
         steps = [PREPARE_SHARD, GENERATE, WRITE_SHARD]
