@@ -540,6 +540,7 @@ class BatchJobWorkflow:
                     priority_aging=plan.priority_aging,
                     # Set, the shard signals its summary (runs from before SHARD_RESULTS).
                     parent_workflow_id=None if self._by_result else workflow.info().workflow_id,
+                    prepare_first=True,
                 ),
                 id=shard_workflow_id(self._spec.job_id, shard),
                 result_type=ShardSummary,

@@ -215,6 +215,7 @@ class DeadLetterWorkflow:
                 priority_aging=input.priority_aging,
                 redrive=number,
                 sampling_overrides=request.sampling,
+                prepare_first=True,
             ),
             id=redrive_shard_workflow_id(input.job_id, number, shard),
             result_type=ShardSummary,

@@ -96,7 +96,9 @@ class ShardWorkflow:
     async def _run_steps(self, input: ShardInput, summary: ShardSummary) -> ShardSummary:
         spec, shard = input.spec, input.shard
         rendered: RenderResult
-        if workflow.patched(PREPARE_SHARD):
+        # Set by starters that know prepare_shard: patched() would record a marker and
+        # update a search attribute in every shard, a tenth of a cached shard's events.
+        if input.prepare_first or workflow.patched(PREPARE_SHARD):
             prepared: PrepareResult = await workflow.execute_activity(
                 PREPARE_SHARD,
                 input,

@@ -370,6 +370,11 @@ class ShardInput(BaseModel):
     parent_workflow_id: str | None = Field(
         default=None, description="Job workflow to signal when done; None: just return."
     )
+    prepare_first: bool = Field(
+        default=False,
+        description="The shard's first step is prepare_shard, as its starter knows: no "
+        "patch marker needed (False: decided by workflow.patched, as before this field).",
+    )
     redrive: int = Field(default=0, description="Re-drive number; 0 for the job's own run.")
     sampling_overrides: dict[str, Any] = Field(
         default_factory=dict, description="Re-drive: sampling fields that replace the items'."
