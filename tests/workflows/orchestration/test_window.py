@@ -67,6 +67,9 @@ async def test_window_runs_every_shard_once_and_sums_them(
     for shard in range(SHARDS):
         signalled = EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
         assert not await run.has_event(run.shard(shard).id, signalled), shard
+        # Started knowing its first step (prepare_first): no patch marker either.
+        marker = EventType.EVENT_TYPE_MARKER_RECORDED
+        assert not await run.has_event(run.shard(shard).id, marker), shard
     assert [c.step for c in s.calls if c.shard is None] == [PLAN_JOB, FINALIZE_JOB]
     for shard in range(SHARDS):
         steps = [PREPARE_SHARD, GENERATE, WRITE_SHARD]
