@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
 import pytest
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
@@ -44,13 +48,13 @@ async def test_pause_holds_new_shards_and_resume_starts_them(
         assert (paused.state, paused.paused) == (JobState.PAUSED, True)
         assert [c.detail for c in s.called(SET_JOB_PAUSED)] == [True]
 
-        # The running shards finish and report (a shard signals the job before it
-        # completes, and a query sees every event before it); the window has room,
-        # yet nothing starts.
+        # The running shards finish and report (by their result, which reaches the
+        # job's history a moment after the shard closes); the window has room, yet
+        # nothing starts.
         for shard in (0, 1):
             s.open_gate(PREPARE_SHARD, shard)
             await result_of(run.shard(shard))
-        progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+        progress = await _progress_once(handle, lambda p: p.shards_done == 2)
         assert (progress.state, progress.paused) == (JobState.PAUSED, True)
         assert (progress.shards_done, progress.shards_running) == (2, [])
         assert sorted(s.shards_at(PREPARE_SHARD)) == [0, 1]
@@ -79,3 +83,15 @@ async def test_pause_holds_new_shards_and_resume_starts_them(
 
     assert (summary.state, summary.paused, summary.shards_done) == (JobState.SUCCEEDED, False, 4)
     assert [c.detail for c in s.called(SET_JOB_PAUSED)] == [True, False]
+
+
+async def _progress_once(
+    handle: WorkflowHandle[Any, Any], done: Callable[[JobProgress], bool]
+) -> JobProgress:
+    """The job's progress once ``done`` holds for it (or after a few seconds)."""
+    for _ in range(100):
+        progress = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+        if done(progress):
+            break
+        await asyncio.sleep(0.05)
+    return progress
