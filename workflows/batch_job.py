@@ -73,6 +73,8 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows import options
 
+_ShardHandle = workflow.ChildWorkflowHandle[Any, ShardSummary]
+
 # How long an API batch's workflow waits for its record (create_api_batch comes with
 # the start, in its first task): a start without it ends rather than waiting for ever.
 RECORD_WAIT = timedelta(minutes=10)
@@ -120,10 +122,9 @@ class BatchJobWorkflow:
         self._recorded: bool | None = None
         self._record_refusal = ""
         # Shards report by their result (SHARD_RESULTS): set when the run starts. The
-        # shards this run started and still runs, and the tasks awaiting their results.
+        # shards this run started and still runs, each with the task awaiting its result.
         self._by_result = False
-        self._children: dict[int, workflow.ChildWorkflowHandle[Any, ShardSummary]] = {}
-        self._results: dict[int, asyncio.Task[None]] = {}
+        self._children: dict[int, tuple[_ShardHandle, asyncio.Task[None]]] = {}
 
     @property
     def _progress(self) -> JobProgress:
@@ -310,17 +311,16 @@ class BatchJobWorkflow:
         results would reach only this run. A shard the ask no longer finds has closed,
         and its result is on its way here: it is awaited, so its report is carried."""
         children = list(self._children.items())
+        job = workflow.info().workflow_id
         asked = await asyncio.gather(
-            *(h.signal(REPORT_BY_SIGNAL, workflow.info().workflow_id) for _, h in children),
+            *(handle.signal(REPORT_BY_SIGNAL, job) for _, (handle, _) in children),
             return_exceptions=True,
         )
-        for (shard, _), outcome in zip(children, asked, strict=True):
+        for (_, (_, report)), outcome in zip(children, asked, strict=True):
             if isinstance(outcome, BaseException):
-                await self._results[shard]
+                await report
 
-    async def _report_of(
-        self, shard: int, handle: workflow.ChildWorkflowHandle[Any, ShardSummary]
-    ) -> None:
+    async def _report_of(self, shard: int, handle: _ShardHandle) -> None:
         """The shard's result, as its report; a shard that ended without one (cancelled
         with the job) is not counted, as it sent no signal before."""
         try:
@@ -551,8 +551,7 @@ class BatchJobWorkflow:
         except WorkflowAlreadyStartedError:
             return  # still running from before a continue-as-new: its signal will come
         if self._by_result:
-            self._children[shard] = handle
-            self._results[shard] = asyncio.create_task(self._report_of(shard, handle))
+            self._children[shard] = (handle, asyncio.create_task(self._report_of(shard, handle)))
 
     def _count_reports(self) -> None:
         p = self._progress

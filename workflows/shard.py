@@ -97,7 +97,7 @@ class ShardWorkflow:
         spec, shard = input.spec, input.shard
         rendered: RenderResult
         # Set by starters that know prepare_shard: patched() would record a marker and
-        # update a search attribute in every shard, a tenth of a cached shard's events.
+        # update a search attribute in every shard, two history events each.
         if input.prepare_first or workflow.patched(PREPARE_SHARD):
             prepared: PrepareResult = await workflow.execute_activity(
                 PREPARE_SHARD,
