@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from llmbatch.contract.states import (
     ErrorClass,
     ItemStatus,
@@ -104,6 +106,87 @@ class LedgerRow:
     shared_with: str | None = None
 
 
+def _answer(column: str) -> str:
+    # An existing row takes the answer only while pending (a stale render attempt
+    # never touches what a generate attempt holds or finished).
+    return (
+        f"{column} = CASE WHEN items.status = $8 AND EXCLUDED.status = $9 "
+        f"THEN EXCLUDED.{column} ELSE items.{column} END"
+    )
+
+
+# Registering a shard's items, answering those the job's leads or the result cache hold:
+# as a plain insert (_REGISTER_NEW) or one that updates ids already there (below).
+_REGISTER = """
+    WITH t AS (
+        SELECT * FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[],
+                             $13::text[], $14::text[])
+            AS t(item_id, ordinal, prompt_hash, source, cache_key, lead_key)
+    ), answers AS (
+        -- The job's own lead first (a result of this job), then the cache.
+        SELECT t.item_id, t.ordinal, t.prompt_hash, t.source,
+               coalesce(li.result, c.result) AS result,
+               CASE WHEN li.item_id IS NOT NULL THEN li.prompt_tokens
+                    ELSE c.prompt_tokens END AS prompt_tokens,
+               CASE WHEN li.item_id IS NOT NULL THEN li.completion_tokens
+                    ELSE c.completion_tokens END AS completion_tokens,
+               CASE WHEN li.item_id IS NOT NULL OR c.job_id = $1 THEN $10
+                    WHEN c.cache_key IS NOT NULL THEN $11 END AS result_source,
+               CASE WHEN li.item_id IS NOT NULL THEN li.item_id
+                    WHEN c.job_id = $1 THEN c.item_id
+                    WHEN c.cache_key IS NULL THEN NULL
+                    WHEN $12 THEN 'result_cache'
+                    ELSE c.job_id || '/' || c.item_id END AS shared_with
+        FROM t
+        LEFT JOIN dedup_leads AS l ON l.job_id = $1 AND l.request_key = t.lead_key
+        LEFT JOIN items AS li
+               ON li.job_id = $1 AND li.item_id = l.item_id AND li.status = $9
+        LEFT JOIN result_cache AS c
+               ON c.cache_key = t.cache_key AND li.item_id IS NULL
+    ), registered AS (
+        INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source,
+                           status, result, prompt_tokens, completion_tokens,
+                           latency_ms, result_source, shared_with, finished_at)
+        SELECT $1, a.item_id, $2, a.ordinal, a.prompt_hash, a.source,
+               CASE WHEN a.result_source IS NULL THEN $8 ELSE $9 END,
+               a.result, a.prompt_tokens, a.completion_tokens,
+               CASE WHEN a.result_source IS NOT NULL THEN 0.0 END,
+               a.result_source, a.shared_with,
+               CASE WHEN a.result_source IS NOT NULL THEN now() END
+        FROM answers AS a
+        {conflict}
+        RETURNING item_id, status, result_source, prompt_tokens, completion_tokens
+    )
+    -- The ids written and left to run (not those finished: a cached shard's
+    -- are all of them), what answered the others, and how many rows were
+    -- written: when that is every item, no id needs looking up again (below).
+    SELECT 'pending' AS kind, item_id, NULL AS result_source, 0::bigint AS items,
+           0::bigint AS prompt_tokens, 0::bigint AS completion_tokens
+    FROM registered WHERE status <> ALL($7::text[])
+    UNION ALL
+    SELECT 'answered', NULL, result_source, count(*),
+           coalesce(sum(prompt_tokens), 0)::bigint,
+           coalesce(sum(completion_tokens), 0)::bigint
+    FROM registered WHERE status = $9 GROUP BY result_source
+    UNION ALL
+    SELECT 'written', NULL, NULL, count(*), 0, 0 FROM registered
+"""
+
+# Rows already there: a retried registration, or ids that another shard holds.
+_ON_CONFLICT = f"""
+ON CONFLICT (job_id, item_id) DO UPDATE
+    SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now(),
+        {_answer("status")}, {_answer("result")}, {_answer("prompt_tokens")},
+        {_answer("completion_tokens")}, {_answer("latency_ms")},
+        {_answer("result_source")}, {_answer("shared_with")},
+        {_answer("finished_at")}, {_answer("error_class")},
+        {_answer("error_message")}
+    WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
+"""
+_REGISTER_NEW = _REGISTER.format(conflict="")
+_REGISTER_CHECKED = _REGISTER.format(conflict=_ON_CONFLICT)
+
+
 async def register_items(
     pool: Database,
     *,
@@ -130,14 +213,22 @@ async def register_items(
         return Registered(done=set(), elsewhere=set())
     ids = [i.item_id for i in items]
 
-    def answer(column: str) -> str:
-        # An existing row takes the answer only while pending (a stale render attempt
-        # never touches what a generate attempt holds or finished).
-        return (
-            f"{column} = CASE WHEN items.status = $8 AND EXCLUDED.status = $9 "
-            f"THEN EXCLUDED.{column} ELSE items.{column} END"
-        )
-
+    args = (
+        job_id,
+        shard,
+        ids,
+        [i.ordinal for i in items],
+        [i.prompt_hash for i in items],
+        [i.source for i in items],
+        TERMINAL,
+        ItemStatus.PENDING,
+        ItemStatus.SUCCEEDED,
+        ResultSource.DEDUPLICATED,
+        ResultSource.CACHED,
+        anonymous,
+        [i.cache_key for i in items],
+        [i.lead_key for i in items],
+    )
     async with transaction(pool) as conn:
         await conn.execute(
             """
@@ -151,83 +242,15 @@ async def register_items(
             job_id,
             shard,
         )
-        answered = await conn.fetch(
-            f"""
-            WITH t AS (
-                SELECT * FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[],
-                                     $13::text[], $14::text[])
-                    AS t(item_id, ordinal, prompt_hash, source, cache_key, lead_key)
-            ), answers AS (
-                -- The job's own lead first (a result of this job), then the cache.
-                SELECT t.item_id, t.ordinal, t.prompt_hash, t.source,
-                       coalesce(li.result, c.result) AS result,
-                       CASE WHEN li.item_id IS NOT NULL THEN li.prompt_tokens
-                            ELSE c.prompt_tokens END AS prompt_tokens,
-                       CASE WHEN li.item_id IS NOT NULL THEN li.completion_tokens
-                            ELSE c.completion_tokens END AS completion_tokens,
-                       CASE WHEN li.item_id IS NOT NULL OR c.job_id = $1 THEN $10
-                            WHEN c.cache_key IS NOT NULL THEN $11 END AS result_source,
-                       CASE WHEN li.item_id IS NOT NULL THEN li.item_id
-                            WHEN c.job_id = $1 THEN c.item_id
-                            WHEN c.cache_key IS NULL THEN NULL
-                            WHEN $12 THEN 'result_cache'
-                            ELSE c.job_id || '/' || c.item_id END AS shared_with
-                FROM t
-                LEFT JOIN dedup_leads AS l ON l.job_id = $1 AND l.request_key = t.lead_key
-                LEFT JOIN items AS li
-                       ON li.job_id = $1 AND li.item_id = l.item_id AND li.status = $9
-                LEFT JOIN result_cache AS c
-                       ON c.cache_key = t.cache_key AND li.item_id IS NULL
-            ), registered AS (
-                INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source,
-                                   status, result, prompt_tokens, completion_tokens,
-                                   latency_ms, result_source, shared_with, finished_at)
-                SELECT $1, a.item_id, $2, a.ordinal, a.prompt_hash, a.source,
-                       CASE WHEN a.result_source IS NULL THEN $8 ELSE $9 END,
-                       a.result, a.prompt_tokens, a.completion_tokens,
-                       CASE WHEN a.result_source IS NOT NULL THEN 0.0 END,
-                       a.result_source, a.shared_with,
-                       CASE WHEN a.result_source IS NOT NULL THEN now() END
-                FROM answers AS a
-                ON CONFLICT (job_id, item_id) DO UPDATE
-                    SET prompt_hash = EXCLUDED.prompt_hash, updated_at = now(),
-                        {answer("status")}, {answer("result")}, {answer("prompt_tokens")},
-                        {answer("completion_tokens")}, {answer("latency_ms")},
-                        {answer("result_source")}, {answer("shared_with")},
-                        {answer("finished_at")}, {answer("error_class")},
-                        {answer("error_message")}
-                    WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
-                RETURNING item_id, status, result_source, prompt_tokens, completion_tokens
-            )
-            -- The ids written and left to run (not those finished: a cached shard's
-            -- are all of them), what answered the others, and how many rows were
-            -- written: when that is every item, no id needs looking up again (below).
-            SELECT 'pending' AS kind, item_id, NULL AS result_source, 0::bigint AS items,
-                   0::bigint AS prompt_tokens, 0::bigint AS completion_tokens
-            FROM registered WHERE status <> ALL($7::text[])
-            UNION ALL
-            SELECT 'answered', NULL, result_source, count(*),
-                   coalesce(sum(prompt_tokens), 0)::bigint,
-                   coalesce(sum(completion_tokens), 0)::bigint
-            FROM registered WHERE status = $9 GROUP BY result_source
-            UNION ALL
-            SELECT 'written', NULL, NULL, count(*), 0, 0 FROM registered
-            """,
-            job_id,
-            shard,
-            ids,
-            [i.ordinal for i in items],
-            [i.prompt_hash for i in items],
-            [i.source for i in items],
-            TERMINAL,
-            ItemStatus.PENDING,
-            ItemStatus.SUCCEEDED,
-            ResultSource.DEDUPLICATED,
-            ResultSource.CACHED,
-            anonymous,
-            [i.cache_key for i in items],
-            [i.lead_key for i in items],
-        )
+        try:
+            # A shard's first registration finds none of its ids: a plain insert, a
+            # third cheaper for Postgres than one that checks each row for a conflict
+            # (a speculative insertion and its confirmation, per row). In a savepoint,
+            # so that an id already there undoes it and the checked insert runs instead.
+            async with conn.transaction():
+                answered = await conn.fetch(_REGISTER_NEW, *args)
+        except asyncpg.UniqueViolationError:
+            answered = await conn.fetch(_REGISTER_CHECKED, *args)
         elsewhere: set[str] = set()
         if next(r["items"] for r in answered if r["kind"] == "written") == len(ids):
             done = set(ids).difference(r["item_id"] for r in answered if r["kind"] == "pending")

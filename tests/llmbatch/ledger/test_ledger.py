@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import asyncpg
@@ -368,6 +369,35 @@ async def test_an_id_registered_by_another_shard_is_reported_not_taken(
     (_, row) = await ledger.items.shard_results(ledger_pool, job_id=JOB, shard=0)
     assert (row.item_id, row.ordinal) == ("i1", 1)
     assert await ledger.items.shard_results(ledger_pool, job_id=JOB, shard=1) == []
+
+
+async def test_a_shard_waiting_on_another_shards_insert_of_an_id_reports_it_elsewhere(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    # A first registration is a plain insert (no conflict check per row): a shard that
+    # inserts an id another shard's open transaction holds waits for it, then must
+    # find the id taken, register the rest, and run nothing twice.
+    async with ledger_pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await ledger.items.register_items(conn, job_id=JOB, shard=0, items=new(2))
+        second = asyncio.create_task(
+            ledger.items.register_items(
+                ledger_pool,
+                job_id=JOB,
+                shard=1,
+                items=[
+                    ledger.items.NewItem("i1", 7, "h", "g.jsonl:line 1"),
+                    ledger.items.NewItem("j1", 8, "h", "g.jsonl:line 2"),
+                ],
+            )
+        )
+        await asyncio.sleep(0.5)
+        assert not second.done()  # waiting on shard 0's insert of i1
+        await tx.commit()
+    assert await second == ledger.items.Registered(done=set(), elsewhere={"i1"})
+    assert await statuses(ledger_pool) == {"i0": "pending", "i1": "pending"}
+    assert await statuses(ledger_pool, shard=1) == {"j1": "pending"}
 
 
 async def test_a_shard_that_fails_unread_is_held_by_dead_placeholders(
