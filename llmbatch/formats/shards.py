@@ -72,6 +72,37 @@ def shard_rows(shard_size: int | None, index: int) -> int:
     return min(AUTO_FIRST_SHARD_ROWS * AUTO_SHARD_GROWTH ** min(index, 16), AUTO_LARGEST_SHARD_ROWS)
 
 
+def fold_remainder(
+    plans: list[ShardPlan], *, shard_size: int | None, first_index: int
+) -> list[ShardPlan]:
+    """One object's ``plans`` (of job shards ``first_index`` on), with growing shards
+    (no ``shard_size``) the last one joined to the one before when together they have
+    no more than :data:`AUTO_LARGEST_SHARD_ROWS` rows and that one is not the job's
+    first, which stays small so that the engine gets work at once.
+
+    A shard costs the same whatever its rows: a child workflow and its steps in
+    Temporal, its workflow tasks, a few ledger statements and object-store calls. So
+    10,000 rows are two shards, 1,000 and 9,000 rows, not three of 1,000, 4,000 and
+    5,000.
+    """
+    if shard_size is not None or len(plans) < 2 or first_index + len(plans) == 2:
+        return plans
+    before, last = plans[-2], plans[-1]
+    if before.row_count + last.row_count > AUTO_LARGEST_SHARD_ROWS:
+        return plans
+    # The ranges are adjacent in one object: the joined one starts where ``before`` does
+    # and ends where ``last`` does, whichever kind of range it is.
+    joined = before.model_copy(
+        update={
+            "row_count": before.row_count + last.row_count,
+            "end": last.end,
+            "row_group_end": last.row_group_end,
+            "key_upto": last.key_upto,
+        }
+    )
+    return [*plans[:-2], joined]
+
+
 def plan_shards(
     store: ObjectStore | StoreFor,
     objects: list[ObjectInfo],
@@ -80,8 +111,8 @@ def plan_shards(
     shard_size: int | None,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> list[ShardPlan]:
-    """Shards of :func:`shard_rows` rows (the last of an object may have fewer) over
-    ``objects``, in order.
+    """Shards of :func:`shard_rows` rows over ``objects``, in order: the last of an
+    object may have fewer, or with growing shards more (:func:`fold_remainder`).
 
     ``store`` is the store of every object, or a function giving each object's store
     (inputs may mix schemes). Raises :class:`FormatError` for a file that cannot be
@@ -108,7 +139,7 @@ def plan_shards(
                 object_store, obj, delimiter=delimiter, rows_of=rows_of,
                 chunk_bytes=chunk_bytes,
             )  # fmt: skip
-        for plan in new:
+        for plan in fold_remainder(new, shard_size=shard_size, first_index=offset):
             plan.index = len(plans)
             plan.first_row = first_row
             first_row += plan.row_count

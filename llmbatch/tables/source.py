@@ -31,7 +31,7 @@ import asyncpg
 from llmbatch.contract.states import ErrorClass
 from llmbatch.contract.tables import TableUri, quote_ident
 from llmbatch.formats.readers import SourceRow
-from llmbatch.formats.shards import ShardPlan, shard_rows
+from llmbatch.formats.shards import ShardPlan, fold_remainder, shard_rows
 from llmbatch.tables.connect import TableError
 
 CURSOR_PREFETCH = 1000
@@ -118,7 +118,7 @@ async def plan_key_ranges(
 ) -> list[ShardPlan]:
     """Shards of :func:`llmbatch.formats.shards.shard_rows` rows as key ranges, planned
     on the server: the row numbers that end a shard are those of the growing first
-    shards, then every ``steady``-th after them."""
+    shards, then every ``steady``-th after them (and the last folded, as a file's is)."""
     ends, steady = _shard_ends(shard_size)
     k = f"src.{quote_ident(info.key)}"
     async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -150,7 +150,7 @@ async def plan_key_ranges(
             )
         )
         after, done = row["bound"], row["n"]
-    return plans
+    return fold_remainder(plans, shard_size=shard_size, first_index=0)
 
 
 def _shard_ends(shard_size: int | None) -> tuple[list[int], int]:

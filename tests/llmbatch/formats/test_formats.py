@@ -361,6 +361,38 @@ def test_without_a_shard_size_shards_grow_to_the_largest_and_go_on_across_object
     assert [r.fields for r in rows] == [{"i": i} for i in range(13_000)]
 
 
+def test_an_objects_last_growing_shard_joins_the_one_before_when_they_fit_in_the_largest(
+    tmp_path: Path,
+) -> None:
+    # A shard costs the same whatever its rows: 10,000 rows are 1,000 + 9,000, not
+    # 1,000 + 4,000 + 5,000. The job's first shard stays small (the engine's first work).
+    def lines(name: str, n: int) -> ObjectInfo:
+        return write(tmp_path, name, b"".join(b'{"i":%d}\n' % i for i in range(n)))
+
+    ten = lines("ten.jsonl", 10_000)
+    plans = formats.plan_shards(STORE, [ten], InputFormat.JSONL, shard_size=None)
+    assert [p.row_count for p in plans] == [1000, 9000]
+    rows = [r for p in plans for r in formats.read_shard(STORE, p, InputFormat.JSONL)]
+    assert [r.fields for r in rows] == [{"i": i} for i in range(10_000)]
+    assert [r.ordinal for r in rows] == list(range(10_000))
+    assert [p.row_count for p in formats.plan_shards(
+        STORE, [lines("six.jsonl", 6000)], InputFormat.JSONL, shard_size=None
+    )] == [1000, 5000]  # fmt: skip
+    # Across objects: the second one's shards (4,000 + 3,000 rows) join, the first's
+    # single row stays the job's first shard; a set shard_size never folds.
+    one, seven = lines("one.jsonl", 1), lines("seven.jsonl", 7000)
+    two = formats.plan_shards(STORE, [one, seven], InputFormat.JSONL, shard_size=None)
+    assert [(p.index, p.first_row, p.row_count) for p in two] == [(0, 0, 1), (1, 1, 7000)]
+    fixed = formats.plan_shards(STORE, [ten], InputFormat.JSONL, shard_size=4000)
+    assert [p.row_count for p in fixed] == [4000, 4000, 2000]
+    table = pa.Table.from_pylist([{"i": i} for i in range(10_000)])
+    c = write(tmp_path, "c.parquet", parquet_bytes(table, row_group_size=999))
+    parquet = formats.plan_shards(STORE, [c], InputFormat.PARQUET, shard_size=None)
+    assert [(p.row_offset, p.row_count) for p in parquet] == [(0, 1000), (1000, 9000)]
+    rows = [r for p in parquet for r in formats.read_shard(STORE, p, InputFormat.PARQUET)]
+    assert [r.fields for r in rows] == [{"i": i} for i in range(10_000)]
+
+
 def test_parquet_row_ranges_over_row_groups(tmp_path: Path) -> None:
     table = pa.Table.from_pylist([{"i": i, "s": f"row {i}"} for i in range(57)])
     obj = write(tmp_path, "t.parquet", parquet_bytes(table, row_group_size=10))

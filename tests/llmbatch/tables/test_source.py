@@ -54,6 +54,23 @@ async def test_key_ranges_cover_every_row_once(table_db: TableDb, stack: Setting
     assert third is not None and third["note"] is None
 
 
+async def test_growing_key_ranges_fold_the_last_into_the_one_before(
+    table_db: TableDb, stack: Settings
+) -> None:
+    # Growing shards of 10,000 rows: 1,000, then 9,000 (4,000 + 5,000 folded), as a file's.
+    shards = await jobs.check_table_job(
+        job(table_db, shard_size=None), stack, stack.render_limits, create_output=True
+    )
+    assert shards is not None
+    assert [(s.key_after, s.key_upto, s.row_count, s.first_row) for s in shards] == [
+        (None, ticket_id(1000), 1000, 0),
+        (ticket_id(1000), ticket_id(TICKETS), TICKETS - 1000, 1000),
+    ]
+    read = [await jobs.read_shard(s, stack, max_row_bytes=MAX) for s in shards]
+    ids = [r.fields["code"] for rows in read for r in rows if r.fields is not None]
+    assert ids == [ticket_id(n) for n in range(1, TICKETS + 1)]
+
+
 async def test_a_row_over_max_row_bytes_is_its_own_error(
     table_db: TableDb, stack: Settings
 ) -> None:
