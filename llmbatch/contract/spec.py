@@ -41,7 +41,9 @@ ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # works them out). Each shard costs about a quarter of a CPU-second across Temporal,
 # the workers, Postgres and the object store, whatever its size: growing by 4 instead
 # of 2 saves a 10,000-row job one of its four shards, while the second shard (4,000
-# rows) is still read and rendered well before the engine finishes the first.
+# rows) is still read and rendered well before the engine finishes the first. An
+# input's last shard joins the one before when both fit in the largest
+# (formats.shards.fold_remainder): 10,000 rows are 1,000 + 9,000.
 AUTO_FIRST_SHARD_ROWS = 1000
 AUTO_SHARD_GROWTH = 4
 AUTO_LARGEST_SHARD_ROWS = 10_000
@@ -352,8 +354,9 @@ class JobSpec(_Strict):
         le=100_000,
         description="Rows per shard: the unit of work and retry. Unset, shards grow: "
         f"the first has {AUTO_FIRST_SHARD_ROWS:,} rows, each next one {AUTO_SHARD_GROWTH} times "
-        f"as many, up to {AUTO_LARGEST_SHARD_ROWS:,} (the engine gets work at once, and a large "
-        "job pays each shard's fixed cost in Temporal, the ledger and storage seldom).",
+        f"as many, up to {AUTO_LARGEST_SHARD_ROWS:,}, an input's last one joining the one before "
+        "when both fit (the engine gets work at once, and a job pays each shard's fixed cost "
+        "in Temporal, the ledger and storage seldom).",
     )
     max_concurrent_shards: int = Field(
         default=4, ge=1, le=500, description="Shards of the job that run at once."
