@@ -96,17 +96,17 @@ async def write_part(
         # Bounded memory: only this shard's vectors are read, object by object.
         vectors = await read_vectors(ctx.read, entries)
         if layout.input_format is InputFormat.OPENAI:
-            out_rows, err_rows = _openai_lines(spec, entries, rows, vectors)
+            lines, err_rows = _openai_lines(spec, entries, rows, vectors)
             part = layout.output_part(shard, "jsonl")
-            await ctx.write(part, formats.write_jsonl(out_rows))
+            await ctx.write(part, lines)
         else:
             err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
             part = layout.output_part(shard, spec.output_format.value)
             await ctx.write(part, _embedding_part(spec, entries, rows, vectors))
     elif layout.input_format is InputFormat.OPENAI:
-        out_rows, err_rows = _openai_lines(spec, entries, rows)
+        lines, err_rows = _openai_lines(spec, entries, rows)
         part = layout.output_part(shard, "jsonl")
-        await ctx.write(part, formats.write_jsonl(out_rows))
+        await ctx.write(part, lines)
     else:
         out = [_output_row(spec, e, rows.get(e.item_id)) for e in entries]
         err_rows = [_error_line(e) for e in entries if e.status is ItemStatus.DEAD]
@@ -272,12 +272,16 @@ def _openai_lines(
     entries: list[ledger.items.LedgerRow],
     rows: dict[str, StagedRow],
     vectors: Vectors | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A shard of OpenAI batch input: its output lines and its error lines."""
-    out, errors = [], []
+) -> tuple[bytes, list[dict[str, Any]]]:
+    """A shard of OpenAI batch input: its output part (JSONL) and its error lines."""
+    out = bytearray()
+    errors = []
+    chat = openai_batch.ChatLines(spec) if vectors is None else None
     for e in entries:
         if e.status is not ItemStatus.SUCCEEDED:
             errors.append(_dead_line(spec, e))
+            continue
+        if chat is not None and chat.encode_into(out, e):
             continue
         encoding = "float"
         if vectors is not None:
@@ -285,12 +289,14 @@ def _openai_lines(
             body = ((staged.fields if staged is not None else None) or {}).get("body")
             # Validated at render, so the line's format is one of the two.
             encoding = openai_batch.encoding_format(body)
-        out.append(
-            openai_batch.result_line(
-                spec,
-                e,
-                vectors=None if vectors is None else vectors.get(e.item_id),
-                encoding=encoding,
-            )
+        out += formats.write_jsonl(
+            [
+                openai_batch.result_line(
+                    spec,
+                    e,
+                    vectors=None if vectors is None else vectors.get(e.item_id),
+                    encoding=encoding,
+                )
+            ]
         )
-    return out, errors
+    return bytes(out), errors

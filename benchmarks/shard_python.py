@@ -41,7 +41,6 @@ from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ItemStatus, ResultSource
 from llmbatch.formats.shards import ShardPlan
-from llmbatch.formats.writers import write_jsonl
 from llmbatch.ledger.items import LedgerRow
 from llmbatch.storage.stores import open_store
 from workers.startup import GC_THRESHOLDS
@@ -107,7 +106,7 @@ def main() -> None:
                 for i in items
             ]  # fmt: skip
             t4 = time.process_time()
-            write_jsonl(_openai_lines(spec, entries, {})[0])
+            _openai_lines(spec, entries, {})
             t5 = time.process_time()
             loop()
             t6 = time.process_time()

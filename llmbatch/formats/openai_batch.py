@@ -516,6 +516,57 @@ def result_line(
     )
 
 
+class ChatLines:
+    """The output lines of one job's common chat completions (one choice, no
+    logprobs: what :func:`result_line` makes of most ledger rows), encoded straight to
+    JSON: the same bytes as that line's dict through
+    :func:`llmbatch.formats.writers.write_jsonl` (a property test holds them equal), in
+    about a third of the time. A cached shard's write step makes one per item, and
+    the nested dicts and their encoding were its largest per-item cost.
+    """
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.job_id = spec.job_id
+        # Only /v1/chat/completions lines have this shape; for others encode() says no.
+        self._chat = spec.endpoint is ApiEndpoint.CHAT_COMPLETIONS
+        self._model = _json(spec.model)
+
+    def encode_into(self, buffer: bytearray, row: LedgerRow) -> bool:
+        """Append the line of ``row`` (a succeeded item) and its newline to ``buffer``;
+        False, appending nothing, when its line is not a common one."""
+        result = row.result or {}
+        text = result.get("text") or ""
+        finish_reason = result.get("finish_reason")
+        if (
+            not self._chat
+            or result.get("choices")
+            or not isinstance(text, str)
+            or not (finish_reason is None or isinstance(finish_reason, str))
+        ):
+            return False
+        key = _short_hash(self.job_id, row.item_id).encode()
+        prompt, completion = row.prompt_tokens or 0, row.completion_tokens or 0
+        created = int(row.finished_at.timestamp()) if row.finished_at else 0
+        buffer += b"".join(
+            (
+                b'{"id":"batch_req_', key, b'","custom_id":', _json(row.item_id),
+                b',"response":{"status_code":200,"request_id":"req_', key,
+                b'","body":{"id":"chatcmpl-', key,
+                b'","object":"chat.completion","created":', b"%d" % created,
+                b',"model":', self._model,
+                b',"choices":[{"index":0,"message":{"role":"assistant","content":',
+                _json(text), b'},"logprobs":null,"finish_reason":', _json(finish_reason),
+                b'}],"usage":{"prompt_tokens":', b"%d" % prompt,
+                b',"completion_tokens":', b"%d" % completion,
+                b',"total_tokens":', b"%d" % (prompt + completion), b'}}},"error":null}\n',
+            )
+        )  # fmt: skip
+        return True
+
+
+_json = msgspec.json.encode
+
+
 def dead_line(
     *,
     job_id: str,

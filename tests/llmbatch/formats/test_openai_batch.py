@@ -1,17 +1,21 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, SamplingSpec
-from llmbatch.contract.states import ErrorClass
+from llmbatch.contract.spec import ApiEndpoint, EmbedSpec, JobSpec, SamplingSpec
+from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.formats.openai_batch import (
     BATCH_EXPIRED,
     BATCH_EXPIRED_MESSAGE,
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     BatchValidator,
+    ChatLines,
     InvalidRequest,
     ParsedRequest,
     UnsupportedParameter,
@@ -23,7 +27,10 @@ from llmbatch.formats.openai_batch import (
     parse,
     parse_embedding_request,
     parse_request,
+    result_line,
 )
+from llmbatch.formats.writers import write_jsonl
+from llmbatch.ledger.items import LedgerRow
 
 
 def line(**body: Any) -> dict[str, Any]:
@@ -335,8 +342,8 @@ def test_embedding_lines_take_a_string_or_a_list_and_dimensions() -> None:
         embedding_line(model="m", input="hi"), defaults=defaults, model="m"
     ) == ("e", ["hi"], None, defaults)
     # Token ids, one list or several, as OpenAI and vLLM take them.
-    for given, ids in (([1, 2], [[1, 2]]), ([[1, 2], [3]], [[1, 2], [3]])):
-        parsed = parse_embedding_request(embedding_line(input=given), defaults=defaults, model="m")
+    for asked, ids in (([1, 2], [[1, 2]]), ([[1, 2], [3]], [[1, 2], [3]])):
+        parsed = parse_embedding_request(embedding_line(input=asked), defaults=defaults, model="m")
         assert parsed == ("e", [], ids, defaults)
     _, texts, _, options = parse_embedding_request(
         embedding_line(input=["a", "b"], dimensions=32, encoding_format="base64"),
@@ -408,3 +415,62 @@ def test_a_dead_request_that_never_ran_gets_openais_code_the_rest_their_class() 
         "code": "PromptTooLong",
         "message": "too long (s3://b/in.jsonl:line 3)",
     }
+
+
+_TEXT = st.text() | st.sampled_from(
+    ["", "plain", 'quotes " and \\ back', "é ü 中文 🙂", "\n\t\x00"]
+)
+_RESULT = st.fixed_dictionaries(
+    {},
+    optional={
+        "text": _TEXT | st.none() | st.integers(),
+        "finish_reason": st.sampled_from(["stop", "length", None]) | st.text() | st.integers(),
+        "parsed": st.none() | st.dictionaries(st.text(), st.integers(), max_size=2),
+        "choices": st.none()
+        | st.just([])
+        | st.just([{"index": 0, "text": "a", "finish_reason": "stop"}]),
+    },
+)
+
+
+@given(
+    result=st.none() | _RESULT,
+    item_id=_TEXT,
+    job_id=_TEXT,
+    model=_TEXT,
+    tokens=st.tuples(st.none() | st.integers(0, 10**9), st.none() | st.integers(0, 10**9)),
+    finished_at=st.none() | st.datetimes(timezones=st.just(UTC)),
+    endpoint=st.sampled_from(list(ApiEndpoint)),
+)
+def test_chat_lines_are_the_bytes_of_the_result_lines_dicts(
+    result: dict[str, Any] | None,
+    item_id: str,
+    job_id: str,
+    model: str,
+    tokens: tuple[int | None, int | None],
+    finished_at: datetime | None,
+    endpoint: ApiEndpoint,
+) -> None:
+    # The write step encodes most lines straight to bytes (ChatLines): they must be
+    # what the line's dict encodes to, byte for byte, or it says it cannot and the
+    # dict is written.
+    spec = JobSpec(job_id="j", inputs=["s3://b/in.jsonl"], model="m", output_uri="s3://b/out")
+    spec = spec.model_copy(update={"job_id": job_id, "model": model, "endpoint": endpoint})
+    row = LedgerRow(
+        item_id, 0, ItemStatus.SUCCEEDED, 0, None, result, *tokens, 0.0, None, None, finished_at
+    )
+    buffer = bytearray(b"before\n")
+    encoded = ChatLines(spec).encode_into(buffer, row)
+    if encoded:
+        assert bytes(buffer) == b"before\n" + write_jsonl([result_line(spec, row)])
+        assert json.loads(buffer[7:])["custom_id"] == item_id
+    else:
+        assert buffer == b"before\n"
+        assert (
+            endpoint is not ApiEndpoint.CHAT_COMPLETIONS
+            or (result or {}).get("choices")
+            or (
+                not isinstance((result or {}).get("text") or "", str)
+                or not isinstance((result or {}).get("finish_reason"), str | None)
+            )
+        )
