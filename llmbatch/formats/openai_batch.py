@@ -526,7 +526,7 @@ class ChatLines:
     """
 
     def __init__(self, spec: JobSpec) -> None:
-        self.job_id = spec.job_id
+        self._job_id = spec.job_id
         # Only /v1/chat/completions lines have this shape; for others encode() says no.
         self._chat = spec.endpoint is ApiEndpoint.CHAT_COMPLETIONS
         self._model = _json(spec.model)
@@ -544,7 +544,7 @@ class ChatLines:
             or not (finish_reason is None or isinstance(finish_reason, str))
         ):
             return False
-        key = _short_hash(self.job_id, row.item_id).encode()
+        key = _short_hash(self._job_id, row.item_id).encode()
         prompt, completion = row.prompt_tokens or 0, row.completion_tokens or 0
         created = int(row.finished_at.timestamp()) if row.finished_at else 0
         buffer += b"".join(
