@@ -10,8 +10,12 @@ the CPU worker, the GPU worker's own process (not its engine's), Postgres,
 Temporal and the object store, from /proc/<pid>/stat before and after the job
 (each process with its descendants), and beside each what the same process spends
 idle in as long (its pollers and timers, measured on the idle stack after the
-rounds). The llm-batch jobs run ``--repeats`` times and the figures are medians;
-each line says the machine's load. ``--profile DIR`` records
+rounds). The deduplicated job gets the same split, per item of the job: there the
+engine's own processes (vLLM's engine core, which generates the distinct requests)
+are not control plane and are printed apart, while the GPU worker's own process
+(vLLM's front end with our activity: tokenizing, detokenizing, the ledger) is.
+The llm-batch jobs run ``--repeats`` times and the figures are medians; each line
+says the machine's load. ``--profile DIR`` records
 the CPU and GPU workers with py-spy (collapsed stacks) in one more cached round.
 
     .venv/bin/python benchmarks/dedup_cache.py --requests 20000 --repeat 20
@@ -53,6 +57,10 @@ ENGINE_ARGS = [
 SHARD_SIZE = JobSpec.model_fields["shard_size"].default
 # Seconds of an idle stack measured after the rounds, for each process's background.
 IDLE_S = 15.0
+# The split's row for the GPU worker's engine processes, which are not control plane,
+# and its row for the control plane's sum.
+ENGINE = "the GPU worker's engine processes"
+TOTAL = "total (median of sums)"
 
 
 async def run_job(
@@ -95,18 +103,32 @@ async def llm_batch(
         cpu, gpu = procs
         watched = {"cpu worker": (cpu.pid, True), "gpu worker (own process)": (gpu.pid, False)}
         watched |= {name: (pid, True) for name, pid in parts.items()}
+
+        def sample() -> dict[str, float]:
+            """CPU seconds so far of each watched process, and of the GPU worker's
+            engine processes (its descendants) as ``ENGINE``."""
+            now = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
+            return now | {ENGINE: cpu_seconds(gpu.pid) - now["gpu worker (own process)"]}
+
+        def per_item(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+            return {k: (after[k] - before[k]) * 1000.0 / n for k in before}
+
         dedup_runs: list[float] = []
+        dedup_splits: list[dict[str, float]] = []
         dedup_requests = 0
         for _ in range(repeats):
+            before = sample()
             dedup, dedup_s = await run_job(client, settings, model, data_uri, cache=False)
+            split = per_item(before, sample())
             assert dedup.items_succeeded == n, dedup
             dedup_runs.append(dedup_s)
+            dedup_splits.append(split)
             dedup_requests = dedup.usage.engine_requests
-            print(f"  llm-batch dedup: {dedup_s:.1f} s, {dedup.usage.describe()} "
+            print(f"  llm-batch dedup: {dedup_s:.1f} s, {dedup.usage.describe()}, "
+                  f"{_control_plane(split):.3f} CPU-ms per item outside the engine "
                   f"(load {load()})", flush=True)  # fmt: skip
         cached_runs: list[float] = []
-        split_runs: list[dict[str, float]] = []
-        engine_runs: list[float] = []
+        cached_splits: list[dict[str, float]] = []
         cached_requests = 0
         # The first cached run fills the cache (the dedup jobs did not write to it);
         # the measured ones after it are answered from it alone.
@@ -115,21 +137,17 @@ async def llm_batch(
             # The profiled round comes last and is not among the figures: py-spy
             # takes CPU of its own while it samples.
             spy = profile if round_ == repeats else None
-            before = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
-            engine_before = cpu_seconds(gpu.pid) - before["gpu worker (own process)"]
+            before = sample()
             with profiled({k: v for k, v in watched.items() if "worker" in k}, spy):
                 cached, cached_s = await run_job(client, settings, model, data_uri, cache=True)
-            after = {name: cpu_seconds(pid, descendants=d) for name, (pid, d) in watched.items()}
-            engine_after = cpu_seconds(gpu.pid) - after["gpu worker (own process)"]
+            split = per_item(before, sample())
             assert cached.items_succeeded == n, cached
-            split = {k: (after[k] - before[k]) * 1000.0 / n for k in watched}
             print(f"  llm-batch cached: {cached_s:.1f} s, {cached.usage.describe()}, "
-                  f"{sum(split.values()):.3f} CPU-ms per item (load {load()})"
+                  f"{_control_plane(split):.3f} CPU-ms per item (load {load()})"
                   + (" [profiled]" if spy else ""), flush=True)  # fmt: skip
             if spy is None:
                 cached_runs.append(cached_s)
-                split_runs.append(split)
-                engine_runs.append((engine_after - engine_before) * 1000.0 / n)
+                cached_splits.append(split)
                 cached_requests = cached.usage.engine_requests
         # The stack's own background (pollers, timers, the dev server's housekeeping),
         # which the per-item figures include for as long as a job runs.
@@ -142,10 +160,37 @@ async def llm_batch(
         "cached_s": statistics.median(cached_runs),
         "cached_requests": cached_requests,
         "dedup_requests": dedup_requests,
-        "cpu_ms_per_item": {k: statistics.median(r[k] for r in split_runs) for k in watched},
-        "cpu_ms_total": statistics.median(sum(r.values()) for r in split_runs),
-        "engine_cpu_ms_per_item": statistics.median(engine_runs),
+        "dedup_split": _medians(dedup_splits),
+        "cached_split": _medians(cached_splits),
     }
+
+
+def _control_plane(split: dict[str, float]) -> float:
+    """The sum of a round's split over the control plane's processes (all but the
+    engine's own)."""
+    return sum(ms for name, ms in split.items() if name != ENGINE)
+
+
+def _medians(splits: list[dict[str, float]]) -> dict[str, float]:
+    """Each process's median over the rounds, and ``TOTAL``: the median of the
+    rounds' control-plane sums (not the sum of the medians)."""
+    medians = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
+    return medians | {TOTAL: statistics.median(_control_plane(s) for s in splits)}
+
+
+def _print_split(
+    title: str, split: dict[str, float], idle_rate: dict[str, float], *, job_s: float, n: int
+) -> None:
+    """A round's per-item split, beside each process what it spends idle in as long
+    as the job took."""
+    print(f"  {title}")
+    print("  (median of each; of it, the same process idle for the job's time, measured")
+    print(f"  for {IDLE_S:.0f} s after the rounds):")
+    idle = {k: rate * job_s * 1000.0 / n for k, rate in idle_rate.items()}
+    for name, rate in idle.items():
+        print(f"    {name:28s} {split[name]:7.3f}   idle {rate:6.3f}")
+    print(f"    {TOTAL:28s} {split[TOTAL]:7.3f}   idle {sum(idle.values()):6.3f}")
+    print(f"    ({ENGINE}: {split[ENGINE]:.3f})")
 
 
 def main() -> None:
@@ -202,16 +247,21 @@ def main() -> None:
           f"({ours['dedup_requests']} engine requests)")  # fmt: skip
     print(f"  llm-batch cached re-run {cached:8.1f} items/s   {cached / peer:5.2f}x run-batch "
           f"({ours['cached_requests']} engine requests)")  # fmt: skip
-    print("  CPU ms per item of the cached re-run (median of each; of it, the same process")
-    print("  idle for the job's time, measured for 15 s after the rounds):")
-    per_item: dict[str, float] = ours["cpu_ms_per_item"]  # type: ignore[assignment]
     idle_rate: dict[str, float] = ours["idle_cpu_per_s"]  # type: ignore[assignment]
-    idle = {k: idle_rate[k] * float(ours["cached_s"]) * 1000.0 / n for k in per_item}  # type: ignore[arg-type]
-    for name, ms in per_item.items():
-        print(f"    {name:28s} {ms:7.3f}   idle {idle[name]:6.3f}")
-    print(f"    {'total (median of sums)':28s} {float(ours['cpu_ms_total']):7.3f}   "  # type: ignore[arg-type]
-          f"idle {sum(idle.values()):6.3f}")  # fmt: skip
-    print(f"    (the GPU worker's idle engine processes: {ours['engine_cpu_ms_per_item']:.3f})")
+    _print_split(
+        "CPU ms per item of the deduplicated job, outside the engine:",
+        ours["dedup_split"],  # type: ignore[arg-type]
+        idle_rate,
+        job_s=float(ours["dedup_s"]),  # type: ignore[arg-type]
+        n=n,
+    )
+    _print_split(
+        "CPU ms per item of the cached re-run:",
+        ours["cached_split"],  # type: ignore[arg-type]
+        idle_rate,
+        job_s=float(ours["cached_s"]),  # type: ignore[arg-type]
+        n=n,
+    )
 
     finished(work)
 
