@@ -14,6 +14,7 @@ import asyncpg
 from llmbatch import storage, telemetry
 from llmbatch.config import Settings
 from llmbatch.contract import uris
+from llmbatch.dedup.coordination import PREPARE_WAITS_PER_WORKER, WaitSlots
 from llmbatch.rendering.pool import RenderPool
 
 
@@ -23,12 +24,15 @@ class ActivityContext:
     pool: asyncpg.Pool
     store: storage.stores.Stores = field(init=False)
     renders: RenderPool = field(init=False)
+    lead_waits: WaitSlots = field(init=False)
 
     def __post_init__(self) -> None:
         # The store for a URI's scheme, created once per worker process.
         self.store = storage.stores.Stores(self.settings)
         # Render processes start on first use; whoever builds the context closes it.
         self.renders = RenderPool(self.settings.render_limits)
+        # Prepare steps waiting for other shards' leads, at most so many at once.
+        self.lead_waits = WaitSlots(PREPARE_WAITS_PER_WORKER)
 
     def close(self) -> None:
         """Kill the render processes (a runaway render included)."""

@@ -6,6 +6,8 @@ Requests another shard of the job already answered, or the result cache holds, a
 answered here, as a generate attempt would answer them
 (:func:`llmbatch.dedup.coordination.render_answers`): written to the ledger once,
 succeeded, and never staged for the generate step, which a shard answered whole skips.
+A shard whose every request other shards lead waits for their results here first
+(:func:`llmbatch.dedup.coordination.wait_for_leads`), so that it is answered whole.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec, SamplingSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
-from llmbatch.dedup import result_cache
-from llmbatch.dedup.coordination import RenderAnswers, render_answers
+from llmbatch.dedup import leads, result_cache
+from llmbatch.dedup.coordination import (
+    LEAD_STALE_TIMEOUTS,
+    RenderAnswers,
+    render_answers,
+    wait_for_leads,
+)
 from llmbatch.dedup.keys import request_key
 from llmbatch.formats import openai_batch
 from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
@@ -63,20 +70,25 @@ async def render_and_register(
     )
     answers = render_answers(spec, await cache_policy(ctx.pool, task_queue=input.gpu_task_queue))
 
-    async def register(
-        rows: list[StagedRow],
-    ) -> tuple[list[ledger.items.NewItem], ledger.items.Registered]:
-        items = _new_items(spec, rows, requests, answers)
-        registered = await ledger.items.register_items(
+    async def register(items: list[ledger.items.NewItem]) -> ledger.items.Registered:
+        return await ledger.items.register_items(
             ctx.pool,
             job_id=spec.job_id,
             shard=shard,
             items=items,
             anonymous=answers is not None and answers.anonymous,
         )
-        return items, registered
 
-    items, registered = await register(rows)
+    items = _new_items(spec, rows, requests, answers)
+    # Requests other shards lead are registered once their results are in, so that
+    # registering answers them (one write an item); when their leads were not taken
+    # yet, they are looked for again below, once registered.
+    waited = (
+        answers is not None
+        and answers.leads
+        and await _wait_for_leads(ctx, input, [i for i in items if i.item_id in requests])
+    )
+    registered = await register(items)
     if registered.elsewhere:
         # Another shard has these ids: the copies here get ids of their own (by
         # position) and die, so every row is accounted for exactly once.
@@ -92,7 +104,8 @@ async def render_and_register(
                     source=row.source,
                 )
             )
-        items, registered = await register(rows)
+        items = _new_items(spec, rows, requests, answers)
+        registered = await register(items)
     done = registered.done
     if registered.answered:
         await _count_answered(ctx, spec, registered.answered, items, done)
@@ -105,6 +118,18 @@ async def render_and_register(
             marked, job_id=spec.job_id, model=spec.model, status=ItemStatus.DEAD
         )
     todo = [r for r in requests.values() if r.item_id not in done]
+    if todo and answers is not None and answers.leads and not waited:
+        pending = [i for i in items if i.item_id not in done and i.item_id in requests]
+        if await _wait_for_leads(ctx, input, pending):
+            answered, counts = await leads.answer_from_leads(
+                ctx.pool,
+                job_id=spec.job_id,
+                shard=shard,
+                items=[(i.item_id, i.lead_key) for i in pending if i.lead_key is not None],
+            )
+            await _count_answered(ctx, spec, [counts], items, answered)
+            done = done | answered
+            todo = [r for r in todo if r.item_id not in answered]
     if todo:
         # Only a shard with requests to run has a generate step to read them.
         await ctx.write(layout.shard_requests(shard), dump_jsonl(todo))
@@ -112,6 +137,32 @@ async def render_and_register(
         job_id=spec.job_id, shard=shard, rows=len(rows), requests=len(todo), dead=len(todo_dead)
     )
     return RenderResult(to_generate=len(todo), already_done=len(done), dead=len(todo_dead))
+
+
+async def _wait_for_leads(
+    ctx: ActivityContext, input: ShardInput, items: list[ledger.items.NewItem]
+) -> bool:
+    """Wait while other shards lead every request of ``items``
+    (:func:`llmbatch.dedup.coordination.wait_for_leads`); whether they did."""
+    keys = {i.lead_key for i in items}
+    # A request without a lead key (sampled) runs here anyway: nothing to wait for.
+    # Nor when enough steps of this worker wait already.
+    if not items or None in keys or not ctx.lead_waits.take():
+        return False
+    try:
+        heartbeat_timeout = activity.info().heartbeat_timeout
+        progress = await wait_for_leads(
+            ctx.pool,
+            job_id=input.spec.job_id,
+            shard=input.shard,
+            request_keys=sorted(k for k in keys if k is not None),
+            stale_after_s=(heartbeat_timeout.total_seconds() if heartbeat_timeout else 30.0)
+            * LEAD_STALE_TIMEOUTS,
+            beat=activity.heartbeat,
+        )
+    finally:
+        ctx.lead_waits.give_back()
+    return progress is not None
 
 
 async def _count_answered(

@@ -1,11 +1,17 @@
 """How a generate attempt deduplicates: identical requests of a shard in one group,
 answers from the result cache, and one leader per distinct request across the job's
 shards (the others wait for its result, and take the lead when its attempt died).
+And how a prepare step answers before that: from the job's succeeded leads and the
+cache (:func:`render_answers`), and by waiting for other shards' leads when they lead
+every request left (:func:`wait_for_leads`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,6 +20,7 @@ from llmbatch.contract.states import ResultSource
 from llmbatch.dedup import leads, result_cache
 from llmbatch.dedup.keys import cache_anonymous, cache_key, cache_scope, request_key
 from llmbatch.formats.records import StagedRequest
+from llmbatch.ledger.db import Database
 from llmbatch.ledger.served_models import CachePolicy
 
 if TYPE_CHECKING:
@@ -28,6 +35,18 @@ LEAD_WAIT_LIMIT_SECONDS = 600.0
 # A lead not renewed for this many heartbeat timeouts is taken over (its attempt is
 # gone without its items being claimed again, e.g. no worker took the retry yet).
 LEAD_STALE_TIMEOUTS = 2.0
+
+# A prepare step waits this long at most for other shards' leads, then hands what is
+# left to its generate step, which waits on (and takes over a lead that died). Short:
+# the wait holds a CPU worker's activity slot, and a paused job's leads never finish.
+PREPARE_WAIT_LIMIT_SECONDS = 60.0
+# Polls of a prepare step's wait: the first soon (a leader's shard is often about to
+# record), then less often.
+PREPARE_POLL_FIRST_SECONDS = 0.05
+PREPARE_POLL_MAX_SECONDS = 0.1
+# Prepare steps of one worker that wait at once (:class:`WaitSlots`): a sixth of the
+# activity slots Temporal gives a worker by default (100).
+PREPARE_WAITS_PER_WORKER = 16
 
 
 @dataclass(slots=True)
@@ -263,3 +282,69 @@ class Leads:
             await leads.renew_leads(self._ctx.pool, job_id=self._job_id, lease_owner=self._lease)
         except Exception as exc:  # the ledger is away: others may take over, nothing lost
             log.warning("attempt %s: leads not renewed: %s", self._lease, exc)
+
+
+class WaitSlots:
+    """How many prepare steps of one worker may wait for leads at once: beyond that a
+    shard goes on to its generate step at once, so waits never fill the worker's
+    activity slots and stall other jobs' CPU steps."""
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+
+    def take(self) -> bool:
+        if self._free <= 0:
+            return False
+        self._free -= 1
+        return True
+
+    def give_back(self) -> None:
+        self._free += 1
+
+
+async def wait_for_leads(
+    pool: Database,
+    *,
+    job_id: str,
+    shard: int,
+    request_keys: Sequence[str],
+    stale_after_s: float,
+    beat: Callable[[], None],
+    limit_s: float = PREPARE_WAIT_LIMIT_SECONDS,
+) -> leads.LeadProgress | None:
+    """Wait while other shards lead every one of a shard's requests (``request_keys``,
+    distinct) and have not all succeeded; return how far they are once they have, or
+    None when they did not lead them all to begin with (nothing waited for).
+
+    A prepare step waits so that its shard is answered there: otherwise its generate
+    step claims every item, waits for the leads and records each result (two more
+    writes an item), a step on the engine's queue for a shard that never needs the
+    engine. The wait stops when a request has no live lead elsewhere (the shard must
+    run it, or take the lead over) or after ``limit_s``; the generate step has what
+    is left. ``beat`` heartbeats the step while it waits.
+    """
+    started = time.monotonic()
+    pause = PREPARE_POLL_FIRST_SECONDS
+    polls = 0
+    while True:
+        progress = await leads.lead_progress(
+            pool, job_id=job_id, shard=shard, request_keys=request_keys, stale_after_s=stale_after_s
+        )
+        if not polls and not (progress.worth_waiting or progress.all_answered):
+            return None
+        if not progress.worth_waiting or time.monotonic() - started + pause > limit_s:
+            break
+        polls += 1
+        beat()
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, PREPARE_POLL_MAX_SECONDS)
+    if polls:
+        log.info(
+            "shard %d of %s waited %.2f s for other shards' leads: %d of %d answered",
+            shard,
+            job_id,
+            time.monotonic() - started,
+            progress.answered,
+            progress.keys,
+        )
+    return progress

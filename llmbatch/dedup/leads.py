@@ -1,7 +1,10 @@
 """The SQL of in-job deduplication: one leader per distinct request of a job.
 
 A shard leads a request key (its item generates it) or waits for the leader's
-result; a lead whose attempt died is taken over. Fenced in the WHERE clause.
+result; a lead whose attempt died is taken over. A shard whose every request another
+shard leads waits for them at prepare (:func:`lead_progress`), and is answered by
+registering or, when it registered first, by :func:`answer_from_leads`. Fenced in
+the WHERE clause.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from typing import Any
 
 from llmbatch.contract.states import (
     ItemStatus,
+    ResultSource,
 )
 from llmbatch.ledger.db import Database
+from llmbatch.ledger.items import Answered
 
 
 @dataclass(slots=True)
@@ -109,3 +114,96 @@ async def forget_leads(pool: Database, *, job_id: str) -> None:
     """Drop a finished job's leads (its items keep who shared with whom); a re-drive
     that comes later leads afresh."""
     await pool.execute("DELETE FROM dedup_leads WHERE job_id = $1", job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class LeadProgress:
+    """Where the leads of a shard's requests stand: of its distinct request keys,
+    ``answered`` have a succeeded leader and ``elsewhere`` a leader that runs in
+    another shard under a lead renewed lately; the rest have none alive (nobody
+    leads them, or the leader's attempt is gone), so the shard must run them."""
+
+    keys: int
+    answered: int
+    elsewhere: int
+
+    @property
+    def all_answered(self) -> bool:
+        return self.answered == self.keys
+
+    @property
+    def worth_waiting(self) -> bool:
+        """Every key is answered or led alive by another shard, and not all answered."""
+        return not self.all_answered and self.answered + self.elsewhere == self.keys
+
+
+async def lead_progress(
+    pool: Database,
+    *,
+    job_id: str,
+    shard: int,
+    request_keys: Sequence[str],
+    stale_after_s: float,
+) -> LeadProgress:
+    """How far the job's leads of ``request_keys`` (distinct) are, seen from ``shard``.
+
+    A lead counts as alive as :func:`take_leads` has it (its item runs under the
+    lead's lease, renewed within ``stale_after_s``), and only in another shard: a
+    shard never waits for itself."""
+    row = await pool.fetchrow(
+        """
+        SELECT count(*) FILTER (WHERE i.status = $4) AS answered,
+               count(*) FILTER (
+                   WHERE i.status = $5 AND i.shard <> $2 AND i.lease_owner = l.lease_owner
+                     AND l.renewed_at >= now() - make_interval(secs => $6)) AS elsewhere
+        FROM dedup_leads AS l
+        JOIN items AS i ON i.job_id = l.job_id AND i.item_id = l.item_id
+        WHERE l.job_id = $1 AND l.request_key = ANY($3::text[])
+        """,
+        job_id,
+        shard,
+        list(request_keys),
+        ItemStatus.SUCCEEDED,
+        ItemStatus.RUNNING,
+        stale_after_s,
+    )
+    assert row is not None  # an aggregate always returns its row
+    return LeadProgress(
+        keys=len(request_keys), answered=row["answered"], elsewhere=row["elsewhere"]
+    )
+
+
+async def answer_from_leads(
+    pool: Database, *, job_id: str, shard: int, items: Sequence[tuple[str, str]]
+) -> tuple[set[str], Answered]:
+    """Answer the pending ones of ``items`` (item id, request key) of ``shard`` whose
+    lead has succeeded, as registering would have (``deduplicated``, shared with the
+    leader); return their ids and what was answered. Fenced on ``pending``: an item a
+    generate attempt claimed, or a concurrent answer finished, is left alone."""
+    rows = await pool.fetch(
+        """
+        UPDATE items AS i
+        SET status = $4, result = li.result, prompt_tokens = li.prompt_tokens,
+            completion_tokens = li.completion_tokens, latency_ms = 0.0,
+            result_source = $5, shared_with = li.item_id, finished_at = now(),
+            updated_at = now()
+        FROM unnest($3::text[], $6::text[]) AS t(item_id, request_key)
+        JOIN dedup_leads AS l ON l.job_id = $1 AND l.request_key = t.request_key
+        JOIN items AS li ON li.job_id = $1 AND li.item_id = l.item_id AND li.status = $4
+        WHERE i.job_id = $1 AND i.item_id = t.item_id AND i.shard = $2 AND i.status = $7
+        RETURNING i.item_id, i.prompt_tokens, i.completion_tokens
+        """,
+        job_id,
+        shard,
+        [item_id for item_id, _ in items],
+        ItemStatus.SUCCEEDED,
+        ResultSource.DEDUPLICATED,
+        [key for _, key in items],
+        ItemStatus.PENDING,
+    )
+    return {r["item_id"] for r in rows}, Answered(
+        source=ResultSource.DEDUPLICATED,
+        items=len(rows),
+        prompt_tokens=sum(r["prompt_tokens"] or 0 for r in rows),
+        completion_tokens=sum(r["completion_tokens"] or 0 for r in rows),
+    )

@@ -1,0 +1,209 @@
+"""A shard whose every request another shard of the job leads is answered at prepare:
+its render waits for the leads (heartbeating) and registers its items answered, so
+nothing of it is claimed or reaches a worker. On the real ledger and local storage,
+in Temporal's activity environment; the test plays the leading shard's generate
+attempt with the ledger's own functions (claim, take the leads, record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from temporalio.testing import ActivityEnvironment
+
+from activities.context import ActivityContext
+from activities.render import render_and_register
+from llmbatch import ledger
+from llmbatch.config import Settings
+from llmbatch.contract.messages import JobLayout, RenderResult, ShardInput
+from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
+from llmbatch.dedup import leads
+from llmbatch.formats.records import StagedRequest, StagedRow, load_jsonl
+
+NAMES = ["ada", "bob", "cy"]
+
+
+def _input(tmp_path: Path) -> ShardInput:
+    """Shard 0 of a job of its own; ``model_copy(update={"shard": n})`` for others."""
+    job_id = f"wait-{tmp_path.name[-12:]}"
+    spec = JobSpec(
+        job_id=job_id,
+        inputs=["rows.jsonl"],
+        # A prompt no other test sends: only this job leads these requests.
+        messages=[ChatMessage(role="user", content=f"{uuid.uuid4().hex} {{{{ name }}}}")],
+        model="m",
+        sampling=SamplingSpec(max_tokens=4),
+        output_uri=f"file://{tmp_path / 'out'}",
+        cache=False,
+    )
+    return ShardInput(
+        spec=spec,
+        layout=JobLayout(
+            job_id=job_id,
+            output_root=f"file://{tmp_path / 'out' / job_id}",
+            input_format=InputFormat.JSONL,
+        ),
+        shard=0,
+        gpu_task_queue="q",
+    )
+
+
+def _rows(shard: int, names: list[str]) -> list[StagedRow]:
+    return [
+        StagedRow(item_id=f"s{shard}-{n}", ordinal=shard * 100 + n, source="rows.jsonl",
+                  fields={"name": name})
+        for n, name in enumerate(names)
+    ]  # fmt: skip
+
+
+async def _prepare(ctx: ActivityContext, input: ShardInput, rows: list[StagedRow],
+                   beats: list[Any] | None = None) -> RenderResult:  # fmt: skip
+    env = ActivityEnvironment()
+    if beats is not None:
+        env.on_heartbeat = lambda *details: beats.append(details)
+    return await env.run(render_and_register, ctx, input, rows)
+
+
+async def _lead(
+    pool: asyncpg.Pool, ctx: ActivityContext, input: ShardInput, lease: str
+) -> list[StagedRequest]:
+    """What shard 0's generate attempt does first: claim its items, lead their
+    requests (by the keys render staged with them)."""
+    todo = list(load_jsonl(await ctx.read(input.layout.shard_requests(0)), StagedRequest))
+    job_id = input.spec.job_id
+    await ledger.items.claim_items(
+        pool, job_id=job_id, item_ids=[r.item_id for r in todo], lease_owner=lease
+    )
+    taken = await leads.take_leads(
+        pool,
+        job_id=job_id,
+        leads=[(r.key or "", r.item_id) for r in todo],
+        lease_owner=lease,
+        stale_after_s=60,
+    )
+    assert taken == {r.key for r in todo}
+    return todo
+
+
+async def test_a_shard_led_whole_by_another_waits_and_is_answered_without_a_worker(
+    ledger_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    ctx = ActivityContext(settings=Settings(), pool=ledger_pool)
+    try:
+        first = _input(tmp_path)
+        second = first.model_copy(update={"shard": 1})
+        assert (await _prepare(ctx, first, _rows(0, NAMES))).to_generate == len(NAMES)
+        lease = f"{first.spec.job_id}/shard-00000/3#1"
+        todo = await _lead(ledger_pool, ctx, first, lease)
+
+        # Shard 1 asks for the same three requests, twice each: it waits.
+        beats: list[Any] = []
+        waiting = asyncio.create_task(_prepare(ctx, second, _rows(1, NAMES * 2), beats))
+        for _ in range(100):
+            if beats:
+                break
+            await asyncio.sleep(0.05)
+        assert beats and not waiting.done()
+        # Nothing of shard 1 is registered while it waits.
+        assert not await ledger_pool.fetchval(
+            "SELECT count(*) FROM items WHERE job_id = $1 AND shard = 1", first.spec.job_id
+        )
+
+        await ledger.items.record_results(
+            ledger_pool,
+            job_id=first.spec.job_id,
+            lease_owner=lease,
+            results=[
+                ledger.items.ItemResult(r.item_id, {"text": f"about {r.item_id}"}, 3, 2, 5.0)
+                for r in todo
+            ],
+        )
+        rendered = await asyncio.wait_for(waiting, 30)
+        assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
+        rows = await ledger_pool.fetch(
+            "SELECT item_id, status, attempt, result_source, shared_with, result, "
+            "completion_tokens FROM items WHERE job_id = $1 AND shard = 1 ORDER BY ordinal",
+            first.spec.job_id,
+        )
+        assert [(r["status"], r["attempt"], r["result_source"]) for r in rows] == [
+            ("succeeded", 0, "deduplicated")
+        ] * (2 * len(NAMES))
+        leader = {name: f"s0-{n}" for n, name in enumerate(NAMES)}
+        for row, name in zip(rows, NAMES * 2, strict=True):
+            assert row["shared_with"] == leader[name]
+            assert row["result"] == {"text": f"about {leader[name]}"}
+            assert row["completion_tokens"] == 2
+    finally:
+        ctx.close()
+
+
+async def test_a_shard_with_a_request_nobody_leads_does_not_wait(
+    ledger_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    ctx = ActivityContext(settings=Settings(), pool=ledger_pool)
+    try:
+        first = _input(tmp_path)
+        second = first.model_copy(update={"shard": 1})
+        await _prepare(ctx, first, _rows(0, NAMES))
+        await _lead(ledger_pool, ctx, first, f"{first.spec.job_id}/shard-00000/3#1")
+        # One request of shard 1 is its own: it must run it, so it goes on at once
+        # and registers the others pending (its generate step shares their results).
+        beats: list[Any] = []
+        rendered = await asyncio.wait_for(
+            _prepare(ctx, second, _rows(1, [*NAMES, "dee"]), beats), 10
+        )
+        assert (rendered.to_generate, beats) == (len(NAMES) + 1, [])
+    finally:
+        ctx.close()
+
+
+async def test_a_lead_counts_as_alive_only_in_another_shard_and_answers_only_pending_items(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    job, key = f"progress-{uuid.uuid4().hex[:8]}", "k" * 64
+    new = [ledger.items.NewItem(item_id=i, ordinal=n, prompt_hash=key, source="s")
+           for n, i in enumerate(["a", "b", "c"])]  # fmt: skip
+    await ledger.items.register_items(ledger_pool, job_id=job, shard=0, items=new[:1])
+    await ledger.items.register_items(ledger_pool, job_id=job, shard=1, items=new[1:])
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["a"], lease_owner="A#1")
+    await leads.take_leads(
+        ledger_pool, job_id=job, leads=[(key, "a")], lease_owner="A#1", stale_after_s=60
+    )
+
+    def progress(shard: int, stale_after_s: float = 60) -> Any:
+        return leads.lead_progress(
+            ledger_pool, job_id=job, shard=shard, request_keys=[key], stale_after_s=stale_after_s
+        )
+
+    assert (await progress(1)).worth_waiting
+    # A shard never waits for its own lead, nor for one whose renewals stopped.
+    assert not (await progress(0)).worth_waiting
+    assert not (await progress(1, stale_after_s=0)).worth_waiting
+    # Not answered before the leader succeeded.
+    answered, _ = await leads.answer_from_leads(
+        ledger_pool, job_id=job, shard=1, items=[("b", key), ("c", key)]
+    )
+    assert answered == set()
+
+    await ledger.items.record_results(
+        ledger_pool,
+        job_id=job,
+        lease_owner="A#1",
+        results=[ledger.items.ItemResult("a", {"text": "t"}, 2, 1, 5.0)],
+    )
+    assert (await progress(1)).all_answered
+    # "c" was claimed meanwhile by its own shard's attempt: that attempt has it.
+    await ledger.items.claim_items(ledger_pool, job_id=job, item_ids=["c"], lease_owner="B#1")
+    answered, counts = await leads.answer_from_leads(
+        ledger_pool, job_id=job, shard=1, items=[("b", key), ("c", key)]
+    )
+    assert answered == {"b"}
+    assert (counts.items, counts.prompt_tokens, counts.completion_tokens) == (1, 2, 1)
+    status = dict(
+        await ledger_pool.fetch("SELECT item_id, status FROM items WHERE job_id = $1", job)
+    )
+    assert status == {"a": "succeeded", "b": "succeeded", "c": "running"}
