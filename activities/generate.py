@@ -116,6 +116,7 @@ class GenerateActivities:
             job_id,
             lease,
             recorder,
+            shard=input.shard,
             heartbeat_timeout_s=timeout.total_seconds() if timeout else None,
         )
         queue = _Queue(leads, recorder, _PauseGate(self._ctx, job_id), self._drain)

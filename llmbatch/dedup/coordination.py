@@ -227,9 +227,11 @@ class Leads:
         lease: str,
         recorder: Recorder,
         *,
+        shard: int,
         heartbeat_timeout_s: float | None,
     ) -> None:
         self._ctx, self._job_id, self._lease, self._recorder = ctx, job_id, lease, recorder
+        self._shard = shard
         self._stale_after_s = (heartbeat_timeout_s or 30.0) * LEAD_STALE_TIMEOUTS
         self._leading = False
 
@@ -279,7 +281,9 @@ class Leads:
         if not self._leading:
             return
         try:
-            await leads.renew_leads(self._ctx.pool, job_id=self._job_id, lease_owner=self._lease)
+            await leads.renew_leads(
+                self._ctx.pool, job_id=self._job_id, shard=self._shard, lease_owner=self._lease
+            )
         except Exception as exc:  # the ledger is away: others may take over, nothing lost
             log.warning("attempt %s: leads not renewed: %s", self._lease, exc)
 

@@ -33,6 +33,14 @@ class Lead:
     completion_tokens: int | None
 
 
+# When lead ``l`` of leader item ``i`` was last renewed: taken (or renewed by a worker
+# of an earlier release) at ``l.renewed_at``, renewed since with its shard's row while
+# that names the lead's lease (:func:`renew_leads`). greatest() skips a NULL.
+_RENEWED = """greatest(l.renewed_at, (
+    SELECT s.leads_renewed_at FROM shards AS s
+    WHERE s.job_id = i.job_id AND s.shard = i.shard AND s.leads_lease = l.lease_owner))"""
+
+
 async def take_leads(
     pool: Database,
     *,
@@ -53,7 +61,7 @@ async def take_leads(
     if not leads:
         return set()
     rows = await pool.fetch(
-        """
+        f"""
         INSERT INTO dedup_leads AS l (job_id, request_key, item_id, lease_owner)
         SELECT $1, t.request_key, t.item_id, $2
         FROM unnest($3::text[], $4::text[]) AS t(request_key, item_id)
@@ -66,7 +74,7 @@ async def take_leads(
                    WHERE i.job_id = l.job_id AND i.item_id = l.item_id
                      AND (i.status = $6
                           OR (i.status = $7 AND i.lease_owner = l.lease_owner
-                              AND l.renewed_at >= now() - make_interval(secs => $5))))
+                              AND {_RENEWED} >= now() - make_interval(secs => $5))))
         RETURNING request_key
         """,
         job_id,
@@ -80,14 +88,23 @@ async def take_leads(
     return {r["request_key"] for r in rows}
 
 
-async def renew_leads(pool: Database, *, job_id: str, lease_owner: str) -> int:
-    """Tell waiting shards that ``lease_owner``'s leads are alive; return how many."""
+async def renew_leads(pool: Database, *, job_id: str, shard: int, lease_owner: str) -> None:
+    """Tell waiting shards that ``lease_owner``'s leads (an attempt of ``shard``) are
+    alive: one write, the shard's row, however many it leads. A shard the ledger has
+    no row for (items registered without a plan) renews each lead instead."""
     status = await pool.execute(
-        "UPDATE dedup_leads SET renewed_at = now() WHERE job_id = $1 AND lease_owner = $2",
+        "UPDATE shards SET leads_lease = $3, leads_renewed_at = now() "
+        "WHERE job_id = $1 AND shard = $2",
         job_id,
+        shard,
         lease_owner,
     )
-    return int(status.rsplit(" ", 1)[1])
+    if status == "UPDATE 0":
+        await pool.execute(
+            "UPDATE dedup_leads SET renewed_at = now() WHERE job_id = $1 AND lease_owner = $2",
+            job_id,
+            lease_owner,
+        )
 
 
 async def leads(pool: Database, *, job_id: str, request_keys: Sequence[str]) -> dict[str, Lead]:
@@ -151,11 +168,11 @@ async def lead_progress(
     lead's lease, renewed within ``stale_after_s``), and only in another shard: a
     shard never waits for itself."""
     row = await pool.fetchrow(
-        """
+        f"""
         SELECT count(*) FILTER (WHERE i.status = $4) AS answered,
                count(*) FILTER (
                    WHERE i.status = $5 AND i.shard <> $2 AND i.lease_owner = l.lease_owner
-                     AND l.renewed_at >= now() - make_interval(secs => $6)) AS elsewhere
+                     AND {_RENEWED} >= now() - make_interval(secs => $6)) AS elsewhere
         FROM dedup_leads AS l
         JOIN items AS i ON i.job_id = l.job_id AND i.item_id = l.item_id
         WHERE l.job_id = $1 AND l.request_key = ANY($3::text[])

@@ -16,6 +16,7 @@ from llmbatch.contract.spec import SamplingSpec
 from llmbatch.dedup import leads, result_cache
 from llmbatch.dedup.keys import _dumps, cache_key, request_key, weights_fingerprint
 from llmbatch.devstack.tiny_model import build_tiny_model
+from llmbatch.ledger.jobs import PlannedShard
 
 MESSAGES = [{"role": "user", "content": "Tell me about ACME."}]
 
@@ -159,3 +160,56 @@ async def test_a_lead_is_held_by_its_items_lease_and_taken_over_when_that_dies(
     )
     lead = (await leads.leads(ledger_pool, job_id=job, request_keys=[key]))[key]
     assert (lead.item_id, lead.result, lead.completion_tokens) == ("a1", {"text": "t"}, 1)
+
+
+async def test_an_attempt_renews_all_its_leads_with_its_shards_row_alone(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    job, keys = "renew-job", [c * 64 for c in "xyz"]
+    planned = [PlannedShard(0, "in.jsonl", 0, 3, None), PlannedShard(1, "in.jsonl", 3, 1, None)]
+    await ledger.jobs.record_shards(ledger_pool, job_id=job, shards=planned)
+    items = [ledger.items.NewItem(item_id=f"a{n}", ordinal=n, prompt_hash=k, source="s")
+             for n, k in enumerate(keys)]  # fmt: skip
+    await ledger.items.register_items(ledger_pool, job_id=job, shard=0, items=items)
+    await ledger.items.claim_items(
+        ledger_pool, job_id=job, item_ids=[i.item_id for i in items], lease_owner="A#1"
+    )
+    mine = [(k, f"a{n}") for n, k in enumerate(keys)]
+    assert await leads.take_leads(
+        ledger_pool, job_id=job, leads=mine, lease_owner="A#1", stale_after_s=60
+    ) == set(keys)
+    # Taken an hour ago and never renewed since: any shard may take them over.
+    await ledger_pool.execute(
+        "UPDATE dedup_leads SET renewed_at = now() - interval '1 hour' WHERE job_id = $1", job
+    )
+    progress = await leads.lead_progress(
+        ledger_pool, job_id=job, shard=1, request_keys=keys, stale_after_s=60
+    )
+    assert not progress.worth_waiting
+
+    # Renewed: one row written, the shard's; the leads' own rows are not touched.
+    await leads.renew_leads(ledger_pool, job_id=job, shard=0, lease_owner="A#1")
+    progress = await leads.lead_progress(
+        ledger_pool, job_id=job, shard=1, request_keys=keys, stale_after_s=60
+    )
+    assert (progress.elsewhere, progress.worth_waiting) == (3, True)
+    assert (
+        await ledger_pool.fetchval(
+            "SELECT count(*) FROM dedup_leads "
+            "WHERE job_id = $1 AND renewed_at > now() - interval '1 minute'",
+            job,
+        )
+        == 0
+    )
+    other = [(k, "b0") for k in keys]
+    assert not await leads.take_leads(
+        ledger_pool, job_id=job, leads=other, lease_owner="B#1", stale_after_s=60
+    )
+    # A retry of the shard (its items re-claimed under a new lease, as claim_items
+    # does once the first lease lapsed) renews under its own lease: the first
+    # attempt's leads are gone, taken over rather than waited for.
+    await ledger_pool.execute("UPDATE items SET lease_owner = 'A#2' WHERE job_id = $1", job)
+    await leads.renew_leads(ledger_pool, job_id=job, shard=0, lease_owner="A#2")
+    assert await leads.take_leads(
+        ledger_pool, job_id=job, leads=other, lease_owner="B#1", stale_after_s=60
+    ) == set(keys)
