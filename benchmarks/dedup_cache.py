@@ -248,20 +248,13 @@ def main() -> None:
     print(f"  llm-batch cached re-run {cached:8.1f} items/s   {cached / peer:5.2f}x run-batch "
           f"({ours['cached_requests']} engine requests)")  # fmt: skip
     idle_rate: dict[str, float] = ours["idle_cpu_per_s"]  # type: ignore[assignment]
-    _print_split(
-        "CPU ms per item of the deduplicated job, outside the engine:",
-        ours["dedup_split"],  # type: ignore[arg-type]
-        idle_rate,
-        job_s=float(ours["dedup_s"]),  # type: ignore[arg-type]
-        n=n,
-    )
-    _print_split(
-        "CPU ms per item of the cached re-run:",
-        ours["cached_split"],  # type: ignore[arg-type]
-        idle_rate,
-        job_s=float(ours["cached_s"]),  # type: ignore[arg-type]
-        n=n,
-    )
+    for title, run in (
+        ("CPU ms per item of the deduplicated job, outside the engine:", "dedup"),
+        ("CPU ms per item of the cached re-run:", "cached"),
+    ):
+        split: dict[str, float] = ours[f"{run}_split"]  # type: ignore[assignment]
+        job_s = float(ours[f"{run}_s"])  # type: ignore[arg-type]
+        _print_split(title, split, idle_rate, job_s=job_s, n=n)
 
     finished(work)
 

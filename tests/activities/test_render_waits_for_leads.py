@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.context import ActivityContext
@@ -25,6 +27,16 @@ from llmbatch.dedup import leads
 from llmbatch.formats.records import StagedRequest, StagedRow, load_jsonl
 
 NAMES = ["ada", "bob", "cy"]
+
+
+@pytest.fixture
+def ctx(ledger_pool: asyncpg.Pool) -> Iterator[ActivityContext]:
+    """A CPU worker's activity context on the test ledger (its render pool closed after)."""
+    context = ActivityContext(settings=Settings(), pool=ledger_pool)
+    try:
+        yield context
+    finally:
+        context.close()
 
 
 def _input(tmp_path: Path) -> ShardInput:
@@ -90,75 +102,65 @@ async def _lead(
 
 
 async def test_a_shard_led_whole_by_another_waits_and_is_answered_without_a_worker(
-    ledger_pool: asyncpg.Pool, tmp_path: Path
+    ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
 ) -> None:
-    ctx = ActivityContext(settings=Settings(), pool=ledger_pool)
-    try:
-        first = _input(tmp_path)
-        second = first.model_copy(update={"shard": 1})
-        assert (await _prepare(ctx, first, _rows(0, NAMES))).to_generate == len(NAMES)
-        lease = f"{first.spec.job_id}/shard-00000/3#1"
-        todo = await _lead(ledger_pool, ctx, first, lease)
+    first = _input(tmp_path)
+    second = first.model_copy(update={"shard": 1})
+    assert (await _prepare(ctx, first, _rows(0, NAMES))).to_generate == len(NAMES)
+    lease = f"{first.spec.job_id}/shard-00000/3#1"
+    todo = await _lead(ledger_pool, ctx, first, lease)
 
-        # Shard 1 asks for the same three requests, twice each: it waits.
-        beats: list[Any] = []
-        waiting = asyncio.create_task(_prepare(ctx, second, _rows(1, NAMES * 2), beats))
-        for _ in range(100):
-            if beats:
-                break
-            await asyncio.sleep(0.05)
-        assert beats and not waiting.done()
-        # Nothing of shard 1 is registered while it waits.
-        assert not await ledger_pool.fetchval(
-            "SELECT count(*) FROM items WHERE job_id = $1 AND shard = 1", first.spec.job_id
-        )
+    # Shard 1 asks for the same three requests, twice each: it waits.
+    beats: list[Any] = []
+    waiting = asyncio.create_task(_prepare(ctx, second, _rows(1, NAMES * 2), beats))
+    for _ in range(100):
+        if beats:
+            break
+        await asyncio.sleep(0.05)
+    assert beats and not waiting.done()
+    # Nothing of shard 1 is registered while it waits.
+    assert not await ledger_pool.fetchval(
+        "SELECT count(*) FROM items WHERE job_id = $1 AND shard = 1", first.spec.job_id
+    )
 
-        await ledger.items.record_results(
-            ledger_pool,
-            job_id=first.spec.job_id,
-            lease_owner=lease,
-            results=[
-                ledger.items.ItemResult(r.item_id, {"text": f"about {r.item_id}"}, 3, 2, 5.0)
-                for r in todo
-            ],
-        )
-        rendered = await asyncio.wait_for(waiting, 30)
-        assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
-        rows = await ledger_pool.fetch(
-            "SELECT item_id, status, attempt, result_source, shared_with, result, "
-            "completion_tokens FROM items WHERE job_id = $1 AND shard = 1 ORDER BY ordinal",
-            first.spec.job_id,
-        )
-        assert [(r["status"], r["attempt"], r["result_source"]) for r in rows] == [
-            ("succeeded", 0, "deduplicated")
-        ] * (2 * len(NAMES))
-        leader = {name: f"s0-{n}" for n, name in enumerate(NAMES)}
-        for row, name in zip(rows, NAMES * 2, strict=True):
-            assert row["shared_with"] == leader[name]
-            assert row["result"] == {"text": f"about {leader[name]}"}
-            assert row["completion_tokens"] == 2
-    finally:
-        ctx.close()
+    await ledger.items.record_results(
+        ledger_pool,
+        job_id=first.spec.job_id,
+        lease_owner=lease,
+        results=[
+            ledger.items.ItemResult(r.item_id, {"text": f"about {r.item_id}"}, 3, 2, 5.0)
+            for r in todo
+        ],
+    )
+    rendered = await asyncio.wait_for(waiting, 30)
+    assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
+    rows = await ledger_pool.fetch(
+        "SELECT item_id, status, attempt, result_source, shared_with, result, "
+        "completion_tokens FROM items WHERE job_id = $1 AND shard = 1 ORDER BY ordinal",
+        first.spec.job_id,
+    )
+    assert [(r["status"], r["attempt"], r["result_source"]) for r in rows] == [
+        ("succeeded", 0, "deduplicated")
+    ] * (2 * len(NAMES))
+    leader = {name: f"s0-{n}" for n, name in enumerate(NAMES)}
+    for row, name in zip(rows, NAMES * 2, strict=True):
+        assert row["shared_with"] == leader[name]
+        assert row["result"] == {"text": f"about {leader[name]}"}
+        assert row["completion_tokens"] == 2
 
 
 async def test_a_shard_with_a_request_nobody_leads_does_not_wait(
-    ledger_pool: asyncpg.Pool, tmp_path: Path
+    ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
 ) -> None:
-    ctx = ActivityContext(settings=Settings(), pool=ledger_pool)
-    try:
-        first = _input(tmp_path)
-        second = first.model_copy(update={"shard": 1})
-        await _prepare(ctx, first, _rows(0, NAMES))
-        await _lead(ledger_pool, ctx, first, f"{first.spec.job_id}/shard-00000/3#1")
-        # One request of shard 1 is its own: it must run it, so it goes on at once
-        # and registers the others pending (its generate step shares their results).
-        beats: list[Any] = []
-        rendered = await asyncio.wait_for(
-            _prepare(ctx, second, _rows(1, [*NAMES, "dee"]), beats), 10
-        )
-        assert (rendered.to_generate, beats) == (len(NAMES) + 1, [])
-    finally:
-        ctx.close()
+    first = _input(tmp_path)
+    second = first.model_copy(update={"shard": 1})
+    await _prepare(ctx, first, _rows(0, NAMES))
+    await _lead(ledger_pool, ctx, first, f"{first.spec.job_id}/shard-00000/3#1")
+    # One request of shard 1 is its own: it must run it, so it goes on at once
+    # and registers the others pending (its generate step shares their results).
+    beats: list[Any] = []
+    rendered = await asyncio.wait_for(_prepare(ctx, second, _rows(1, [*NAMES, "dee"]), beats), 10)
+    assert (rendered.to_generate, beats) == (len(NAMES) + 1, [])
 
 
 async def test_a_lead_counts_as_alive_only_in_another_shard_and_answers_only_pending_items(
