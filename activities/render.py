@@ -27,8 +27,8 @@ from llmbatch.contract.spec import InputFormat, JobSpec, SamplingSpec, Task
 from llmbatch.contract.states import ErrorClass, ItemStatus
 from llmbatch.dedup import leads, result_cache
 from llmbatch.dedup.coordination import (
-    LEAD_STALE_TIMEOUTS,
     RenderAnswers,
+    lead_stale_after_s,
     render_answers,
     wait_for_leads,
 )
@@ -151,18 +151,18 @@ async def _wait_for_leads(
         return False
     try:
         heartbeat_timeout = activity.info().heartbeat_timeout
-        progress = await wait_for_leads(
+        return await wait_for_leads(
             ctx.pool,
             job_id=input.spec.job_id,
             shard=input.shard,
             request_keys=sorted(k for k in keys if k is not None),
-            stale_after_s=(heartbeat_timeout.total_seconds() if heartbeat_timeout else 30.0)
-            * LEAD_STALE_TIMEOUTS,
+            stale_after_s=lead_stale_after_s(
+                heartbeat_timeout.total_seconds() if heartbeat_timeout else None
+            ),
             beat=activity.heartbeat,
         )
     finally:
         ctx.lead_waits.give_back()
-    return progress is not None
 
 
 async def _count_answered(

@@ -36,6 +36,13 @@ LEAD_WAIT_LIMIT_SECONDS = 600.0
 # gone without its items being claimed again, e.g. no worker took the retry yet).
 LEAD_STALE_TIMEOUTS = 2.0
 
+
+def lead_stale_after_s(heartbeat_timeout_s: float | None) -> float:
+    """Seconds without a renewal after which a lead is gone, for steps started with
+    ``heartbeat_timeout_s`` (30 s when they have none)."""
+    return (heartbeat_timeout_s or 30.0) * LEAD_STALE_TIMEOUTS
+
+
 # A prepare step waits this long at most for other shards' leads, then hands what is
 # left to its generate step, which waits on (and takes over a lead that died). Short:
 # the wait holds a CPU worker's activity slot, and a paused job's leads never finish.
@@ -232,7 +239,7 @@ class Leads:
     ) -> None:
         self._ctx, self._job_id, self._lease, self._recorder = ctx, job_id, lease, recorder
         self._shard = shard
-        self._stale_after_s = (heartbeat_timeout_s or 30.0) * LEAD_STALE_TIMEOUTS
+        self._stale_after_s = lead_stale_after_s(heartbeat_timeout_s)
         self._leading = False
 
     async def resolve(
@@ -315,10 +322,10 @@ async def wait_for_leads(
     stale_after_s: float,
     beat: Callable[[], None],
     limit_s: float = PREPARE_WAIT_LIMIT_SECONDS,
-) -> leads.LeadProgress | None:
+) -> bool:
     """Wait while other shards lead every one of a shard's requests (``request_keys``,
-    distinct) and have not all succeeded; return how far they are once they have, or
-    None when they did not lead them all to begin with (nothing waited for).
+    distinct) and have not all succeeded; return whether they led (or had answered)
+    them all to begin with, False when nothing was worth waiting for.
 
     A prepare step waits so that its shard is answered there: otherwise its generate
     step claims every item, waits for the leads and records each result (two more
@@ -335,7 +342,7 @@ async def wait_for_leads(
             pool, job_id=job_id, shard=shard, request_keys=request_keys, stale_after_s=stale_after_s
         )
         if not polls and not (progress.worth_waiting or progress.all_answered):
-            return None
+            return False
         if not progress.worth_waiting or time.monotonic() - started + pause > limit_s:
             break
         polls += 1
@@ -351,4 +358,4 @@ async def wait_for_leads(
             progress.answered,
             progress.keys,
         )
-    return progress
+    return True
