@@ -75,9 +75,16 @@ class _ClientCommand:
     ran = False
 
 
+def runs_temporal_client() -> None:
+    """Mark this command as one that runs a Temporal client: it ends as
+    :func:`leave_if_client_command` says. :func:`run` marks the commands it runs;
+    a worker's command marks itself."""
+    _ClientCommand.ran = True
+
+
 def run(coro: Any) -> Any:
     """Run a command's coroutine; turn known failures into one clear line."""
-    _ClientCommand.ran = True
+    runs_temporal_client()
     try:
         return asyncio.run(coro)
     except (CliError, TemporalUnavailable, planning.InvalidJobSpec) as exc:
@@ -154,7 +161,10 @@ def leave_if_client_command(code: object) -> None:
     PyGILState_Release", temporalio/sdk-python#300) after the command has done its
     work. So once the command is done: flush the output, run the exit handlers
     (telemetry flushes its spans there), and exit with the command's code at once.
-    Long-running commands (workers, the dev stack, the demo) end normally.
+    Workers end this way too, once their own shutdown is done (a drain, the engine's
+    shutdown and its processes killed): a worker refused at startup aborted so in CI,
+    where its exit code is what a supervisor reads. The dev stack and the demo, which
+    run no client of their own to the end, end normally.
     """
     if not _ClientCommand.ran:
         return

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from llmbatch.cli.common import fail
+from llmbatch.cli.common import fail, runs_temporal_client
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
 
@@ -55,6 +55,7 @@ def _settings(drain_timeout: float | None) -> Settings:
 @app.command("cpu")
 def cpu(drain_timeout: DrainTimeout = None) -> None:
     """Run the workflows and the CPU activities (read, render, write)."""
+    runs_temporal_client()
     from workers import cpu as cpu_worker
     from workers.preflight import StartupCheckFailed
     from workers.shutdown import ConnectionLost
@@ -117,6 +118,7 @@ def gpu(
     from workers.preflight import StartupCheckFailed, check_now
     from workers.shutdown import ConnectionLost
 
+    runs_temporal_client()
     settings = _settings(drain_timeout)
     try:
         # Before vLLM is imported (to parse the engine arguments): a bad DSN or S3
@@ -177,6 +179,7 @@ def remote(
     from workers.preflight import StartupCheckFailed, check_now
     from workers.shutdown import ConnectionLost
 
+    runs_temporal_client()
     settings = _settings(drain_timeout)
     try:
         check_now(settings)

@@ -190,7 +190,7 @@ def test_a_worker_and_the_cli_refused_by_the_server_say_why_in_one_line(
     worker = run_cli(
         stack.model_copy(update={"temporal_address": tls_proxy.mtls}), ca, "worker", "cpu"
     )
-    assert worker.returncode == 1
+    assert worker.returncode == 1, worker.stderr
     (line,) = worker.stderr.splitlines()
     assert (
         line.startswith("error: cannot reach Temporal at")
