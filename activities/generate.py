@@ -333,7 +333,13 @@ class _Queue:
         drain = self._drain
         while (self._pending or self._waiting) and not drain.draining:
             while self._pending:
-                if not await unless_draining(drain, self._gate.wait_while_paused()):
+                # The gate is awaited only when it may wait or look at the ledger:
+                # awaiting it under the drain's watch costs ~25 µs, per request.
+                if drain.draining:
+                    return
+                if self._gate.may_wait() and not await unless_draining(
+                    drain, self._gate.wait_while_paused()
+                ):
                     return
                 yield self._recorder.submit(self._pending.popleft())
             if self._waiting:
@@ -411,6 +417,11 @@ class _PauseGate:
             if self._paused != was_paused:
                 log.info("job %s %s", self._job_id, "paused" if self._paused else "resumed")
         return self._paused
+
+    def may_wait(self) -> bool:
+        """Whether :meth:`wait_while_paused` would do anything: the job is paused, or
+        its flag is due to be read again."""
+        return self._paused or time.monotonic() - self._checked_at >= PAUSE_CHECK_EVERY_SECONDS
 
     async def wait_while_paused(self) -> None:
         # Polled, not an event: the flag lives in the ledger, written by another process.

@@ -27,6 +27,7 @@ from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
     Iterable,
+    Sequence,
 )
 from typing import Any
 
@@ -66,6 +67,7 @@ from llmbatch.engine.requests import (
     rejected,
 )
 from llmbatch.engine.run_loop import run_many
+from llmbatch.engine.tokens import encoder
 
 # EngineDeadError is re-exported: callers catch it without naming vLLM's module path.
 __all__ = ["Engine", "EngineDeadError"]
@@ -84,6 +86,7 @@ class Engine:
     def __init__(self, llm: AsyncLLM, tokenizer: Any, options: EngineOptions) -> None:
         self._llm = llm
         self._tokenizer = tokenizer
+        self._tokenize = encoder(tokenizer)
         self.options = options
         self.max_num_seqs: int = llm.vllm_config.scheduler_config.max_num_seqs
         self._max_model_len: int = llm.model_config.max_model_len
@@ -209,10 +212,10 @@ class Engine:
                 request.messages, add_generation_prompt=True, tokenize=False
             )
             # The template writes the special tokens (BOS and all) itself.
-            return list(self._tokenizer.encode(text, add_special_tokens=False))
+            return self._tokenize(text, False)
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
-        return list(self._tokenizer.encode(request.prompt or ""))
+        return self._tokenize(request.prompt or "", True)
 
     async def generate(
         self, request: GenerationRequest, *, usage: EngineUsage | None = None
@@ -315,12 +318,12 @@ class Engine:
         started = time.perf_counter()
         options = request.options
         prompts: list[list[int]] = []
-        given: list[str] | list[list[int]] = request.token_ids or request.texts
+        given: Sequence[str | list[int]] = request.token_ids or request.texts
         for index, text in enumerate(given):
             # As LLM.embed tokenizes a text prompt (special tokens added), so the
             # vectors are the ones vLLM itself gives for the same text; token ids run
             # as given, as vLLM's server runs them.
-            ids = list(text) if isinstance(text, list) else list(self._tokenizer.encode(text))
+            ids = self._tokenize(text, True) if isinstance(text, str) else list(text)
             keep = options.truncate_prompt_tokens
             if keep is not None and len(ids) > keep:
                 ids = ids[-keep:]
