@@ -135,11 +135,15 @@ async def test_killed_remote_worker_is_replaced_and_every_item_ends_once(
 async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(remote: RemoteCase) -> None:
     pool, server = remote.pool, remote.server
     endpoint = remote.endpoint("--max-concurrency", "8", "--timeout", "5")
-    rows = [{"text": f"Describe {i}."} for i in range(200)]
+    # Enough rows that the job is still running when the server freezes, on a machine
+    # where the test's own polling may lag by seconds.
+    n = 400
+    rows = [{"text": f"Describe {i}."} for i in range(n)]
     spec = remote.job(endpoint, rows, shard_size=50)
     async with remote.workers(endpoint):
         handle = await remote.start(spec)
-        await until_done(pool, spec.job_id, 40)
+        # Freeze with requests in flight: a job already done would test nothing.
+        await until_done(pool, spec.job_id, 40, in_flight=True)
         # The API server stops answering (its engine goes on): requests time out.
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
@@ -148,8 +152,8 @@ async def test_server_frozen_for_30_s_mid_job_waits_and_finishes(remote: RemoteC
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
         summary = await asyncio.wait_for(job_result(handle), 300)
-    assert frozen.dead == 0 and frozen.succeeded < 200
-    remote.assert_exactly_once(spec, summary, 200)
+    assert frozen.dead == 0 and frozen.succeeded < n
+    remote.assert_exactly_once(spec, summary, n)
     retried = await pool.fetchval(
         "SELECT sum(retries) FROM endpoint_usage WHERE job_id = $1", spec.job_id
     )
