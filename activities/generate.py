@@ -408,10 +408,12 @@ class _PauseGate:
         self._paused = False
         self._checked_at = float("-inf")
 
+    def _due(self) -> bool:
+        return time.monotonic() - self._checked_at >= PAUSE_CHECK_EVERY_SECONDS
+
     async def _is_paused(self) -> bool:
-        now = time.monotonic()
-        if now - self._checked_at >= PAUSE_CHECK_EVERY_SECONDS:
-            self._checked_at = now
+        if self._due():
+            self._checked_at = time.monotonic()
             was_paused = self._paused
             self._paused = await ledger.jobs.job_paused(self._ctx.pool, job_id=self._job_id)
             if self._paused != was_paused:
@@ -421,7 +423,7 @@ class _PauseGate:
     def may_wait(self) -> bool:
         """Whether :meth:`wait_while_paused` would do anything: the job is paused, or
         its flag is due to be read again."""
-        return self._paused or time.monotonic() - self._checked_at >= PAUSE_CHECK_EVERY_SECONDS
+        return self._paused or self._due()
 
     async def wait_while_paused(self) -> None:
         # Polled, not an event: the flag lives in the ledger, written by another process.
