@@ -26,8 +26,11 @@ from llmbatch.security.connection import explain_connect_error
 from workers.shutdown import one_line
 
 # Each check gives up after this long: a service that does not answer within it is
-# as good as absent for a worker that is starting.
-CHECK_TIMEOUT_S = 5.0
+# as good as absent for a worker that is starting. A refused connection fails at
+# once; this bounds only a service that is slow to answer. 5 s was too short for a
+# Postgres that was there but busy (a loaded 2-core CI machine, a remote worker's
+# check beside a vLLM server starting): the worker refused to start.
+CHECK_TIMEOUT_S = 15.0
 _NO_BUCKET_CODES = {"404", "NoSuchBucket", "NotFound"}
 _BAD_CREDENTIALS_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 
