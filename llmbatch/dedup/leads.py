@@ -17,7 +17,7 @@ from llmbatch.contract.states import (
     ItemStatus,
     ResultSource,
 )
-from llmbatch.ledger.db import Database
+from llmbatch.ledger.db import THIS_JOB, Database, batch_rows
 from llmbatch.ledger.items import Answered
 
 
@@ -112,13 +112,13 @@ async def leads(pool: Database, *, job_id: str, request_keys: Sequence[str]) -> 
     if not request_keys:
         return {}
     rows = await pool.fetch(
-        """
+        f"""
         SELECT l.request_key, l.item_id,
                CASE WHEN i.status = $3 THEN i.result END AS result,
                i.prompt_tokens, i.completion_tokens
         FROM dedup_leads AS l
         JOIN items AS i ON i.job_id = l.job_id AND i.item_id = l.item_id
-        WHERE l.job_id = $1 AND l.request_key = ANY($2::text[])
+        WHERE l.job_id = {THIS_JOB} AND l.request_key = ANY($2::text[])
         """,
         job_id,
         list(request_keys),
@@ -175,7 +175,7 @@ async def lead_progress(
                      AND {_RENEWED} >= now() - make_interval(secs => $6)) AS elsewhere
         FROM dedup_leads AS l
         JOIN items AS i ON i.job_id = l.job_id AND i.item_id = l.item_id
-        WHERE l.job_id = $1 AND l.request_key = ANY($3::text[])
+        WHERE l.job_id = {THIS_JOB} AND l.request_key = ANY($3::text[])
         """,
         job_id,
         shard,
@@ -190,6 +190,28 @@ async def lead_progress(
     )
 
 
+# The followers reached through their requests: see THIS_JOB in llmbatch.ledger.db.
+_FOLLOWERS = batch_rows(
+    "$3::text[], $6::text[]",
+    "item_id, request_key",
+    carried="$2::int AS shard, $4::text AS succeeded, $7::text AS pending",
+)
+_ANSWER = f"""
+    UPDATE items AS i
+    SET status = $4, result = li.result, prompt_tokens = li.prompt_tokens,
+        completion_tokens = li.completion_tokens, latency_ms = 0.0,
+        result_source = $5, shared_with = li.item_id, finished_at = now(),
+        updated_at = now()
+    FROM {_FOLLOWERS} AS t
+    JOIN dedup_leads AS l ON l.job_id = {THIS_JOB} AND l.request_key = t.request_key
+    JOIN items AS li
+      ON li.job_id = {THIS_JOB} AND li.item_id = l.item_id AND li.status = t.succeeded
+    WHERE i.job_id = {THIS_JOB} AND i.item_id = t.item_id AND i.shard = t.shard
+      AND i.status = t.pending
+    RETURNING i.item_id, i.prompt_tokens, i.completion_tokens
+"""
+
+
 async def answer_from_leads(
     pool: Database, *, job_id: str, shard: int, items: Sequence[tuple[str, str]]
 ) -> tuple[set[str], Answered]:
@@ -198,18 +220,7 @@ async def answer_from_leads(
     leader); return their ids and what was answered. Fenced on ``pending``: an item a
     generate attempt claimed, or a concurrent answer finished, is left alone."""
     rows = await pool.fetch(
-        """
-        UPDATE items AS i
-        SET status = $4, result = li.result, prompt_tokens = li.prompt_tokens,
-            completion_tokens = li.completion_tokens, latency_ms = 0.0,
-            result_source = $5, shared_with = li.item_id, finished_at = now(),
-            updated_at = now()
-        FROM unnest($3::text[], $6::text[]) AS t(item_id, request_key)
-        JOIN dedup_leads AS l ON l.job_id = $1 AND l.request_key = t.request_key
-        JOIN items AS li ON li.job_id = $1 AND li.item_id = l.item_id AND li.status = $4
-        WHERE i.job_id = $1 AND i.item_id = t.item_id AND i.shard = $2 AND i.status = $7
-        RETURNING i.item_id, i.prompt_tokens, i.completion_tokens
-        """,
+        _ANSWER,
         job_id,
         shard,
         [item_id for item_id, _ in items],

@@ -23,7 +23,7 @@ from llmbatch.contract.states import (
     ItemStatus,
     ResultSource,
 )
-from llmbatch.ledger.db import TERMINAL, Database, transaction
+from llmbatch.ledger.db import TERMINAL, THIS_JOB, Database, batch_rows, transaction
 
 
 @dataclass(slots=True)
@@ -138,9 +138,9 @@ _REGISTER = """
                     WHEN $12 THEN 'result_cache'
                     ELSE c.job_id || '/' || c.item_id END AS shared_with
         FROM t
-        LEFT JOIN dedup_leads AS l ON l.job_id = $1 AND l.request_key = t.lead_key
+        LEFT JOIN dedup_leads AS l ON l.job_id = {this_job} AND l.request_key = t.lead_key
         LEFT JOIN items AS li
-               ON li.job_id = $1 AND li.item_id = l.item_id AND li.status = $9
+               ON li.job_id = {this_job} AND li.item_id = l.item_id AND li.status = $9
         LEFT JOIN result_cache AS c
                ON c.cache_key = t.cache_key AND li.item_id IS NULL
     ), registered AS (
@@ -183,8 +183,17 @@ ON CONFLICT (job_id, item_id) DO UPDATE
         {_answer("error_message")}
     WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
 """
-_REGISTER_NEW = _REGISTER.format(conflict="")
-_REGISTER_CHECKED = _REGISTER.format(conflict=_ON_CONFLICT)
+# A shard's placeholders (rows a failed attempt never read) and their dead letters.
+_CLEAR_PLACEHOLDERS = f"""
+    WITH gone AS (
+        DELETE FROM items WHERE job_id = {THIS_JOB} AND shard = $2 AND placeholder
+        RETURNING item_id
+    )
+    DELETE FROM dead_letters AS d USING gone
+    WHERE d.job_id = $1 AND d.item_id = gone.item_id
+"""
+_REGISTER_NEW = _REGISTER.format(conflict="", this_job=THIS_JOB)
+_REGISTER_CHECKED = _REGISTER.format(conflict=_ON_CONFLICT, this_job=THIS_JOB)
 
 
 async def register_items(
@@ -231,14 +240,7 @@ async def register_items(
     )
     async with transaction(pool) as conn:
         await conn.execute(
-            """
-            WITH gone AS (
-                DELETE FROM items WHERE job_id = $1 AND shard = $2 AND placeholder
-                RETURNING item_id
-            )
-            DELETE FROM dead_letters AS d USING gone
-            WHERE d.job_id = $1 AND d.item_id = gone.item_id
-            """,
+            _CLEAR_PLACEHOLDERS,
             job_id,
             shard,
         )
@@ -286,6 +288,62 @@ async def register_items(
     )
 
 
+# Statements over a batch of a job's items: see THIS_JOB in llmbatch.ledger.db for why
+# they compare items with THIS_JOB and the batch's own columns.
+_CLAIM = f"""
+    UPDATE items SET status = $6, lease_owner = $3, lease_activity = $4,
+                     lease_attempt = $5, attempt = attempt + 1,
+                     started_at = now(), updated_at = now()
+    WHERE job_id = {THIS_JOB} AND item_id = ANY($2::text[]) AND status <> ALL($7::text[])
+      AND NOT (status = $6 AND $4::text IS NOT NULL AND lease_activity = $4
+               AND lease_attempt > $5)
+    RETURNING item_id
+"""
+
+_RESULTS = batch_rows(
+    "$3::text[], $4::text[], $5::int[], $6::int[], $7::float8[], $10::text[], $11::text[]",
+    "item_id, result, prompt_tokens, completion_tokens, latency_ms, result_source, shared_with",
+    carried="$2::text AS lease_owner, $9::text AS running",
+)
+_RECORD = f"""
+    UPDATE items AS i
+    SET status = $8, result = r.result::jsonb, prompt_tokens = r.prompt_tokens,
+        completion_tokens = r.completion_tokens, latency_ms = r.latency_ms,
+        result_source = r.result_source, shared_with = r.shared_with,
+        error_class = NULL, error_message = NULL, finished_at = now(), updated_at = now()
+    FROM {_RESULTS} AS r
+    WHERE i.job_id = {THIS_JOB} AND i.item_id = r.item_id
+      AND i.lease_owner = r.lease_owner AND i.status = r.running
+"""
+
+_DYING = batch_rows(
+    "$2::text[], $3::text[], $4::text[], $5::text[]",
+    "item_id, error_class, error_message, source",
+    carried="$6::text AS lease_owner, $8::text[] AS terminal, $9::text AS running",
+)
+_DEAD = f"""
+    WITH marked AS (
+        UPDATE items AS i
+        SET status = $7, error_class = d.error_class, error_message = d.error_message,
+            source = COALESCE(d.source, i.source), finished_at = now(), updated_at = now()
+        FROM {_DYING} AS d
+        WHERE i.job_id = {THIS_JOB} AND i.item_id = d.item_id
+          AND i.status <> ALL(d.terminal)
+          AND (d.lease_owner IS NULL OR (i.lease_owner = d.lease_owner AND i.status = d.running))
+        RETURNING i.item_id, i.shard, i.error_class, i.error_message, i.source, i.attempt
+    ), listed AS (
+        INSERT INTO dead_letters
+            (job_id, item_id, shard, error_class, error_message, source, attempts)
+        SELECT $1, item_id, shard, error_class, error_message, source, attempt FROM marked
+        ON CONFLICT (job_id, item_id) DO UPDATE
+            SET error_class = EXCLUDED.error_class, error_message = EXCLUDED.error_message,
+                attempts = EXCLUDED.attempts, created_at = now(), redriven_at = NULL
+        RETURNING 1
+    )
+    SELECT count(*) FROM marked
+"""
+
+
 async def claim_items(
     pool: Database,
     *,
@@ -304,15 +362,7 @@ async def claim_items(
     if not item_ids:
         return set()
     rows = await pool.fetch(
-        """
-        UPDATE items SET status = $6, lease_owner = $3, lease_activity = $4,
-                         lease_attempt = $5, attempt = attempt + 1,
-                         started_at = now(), updated_at = now()
-        WHERE job_id = $1 AND item_id = ANY($2::text[]) AND status <> ALL($7::text[])
-          AND NOT (status = $6 AND $4::text IS NOT NULL AND lease_activity = $4
-                   AND lease_attempt > $5)
-        RETURNING item_id
-        """,
+        _CLAIM,
         job_id,
         list(item_ids),
         lease_owner,
@@ -331,19 +381,7 @@ async def record_results(
     if not results:
         return 0
     status = await pool.execute(
-        """
-        UPDATE items AS i
-        SET status = $8, result = r.result::jsonb, prompt_tokens = r.prompt_tokens,
-            completion_tokens = r.completion_tokens, latency_ms = r.latency_ms,
-            result_source = r.result_source, shared_with = r.shared_with,
-            error_class = NULL, error_message = NULL, finished_at = now(), updated_at = now()
-        FROM unnest($3::text[], $4::text[], $5::int[], $6::int[], $7::float8[], $10::text[],
-                    $11::text[])
-             AS r(item_id, result, prompt_tokens, completion_tokens, latency_ms, result_source,
-                  shared_with)
-        WHERE i.job_id = $1 AND i.item_id = r.item_id
-          AND i.lease_owner = $2 AND i.status = $9
-        """,
+        _RECORD,
         job_id,
         lease_owner,
         [r.item_id for r in results],
@@ -383,30 +421,7 @@ async def record_dead(
     if not items:
         return 0
     count = await pool.fetchval(
-        """
-        WITH d AS (
-            SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[])
-                AS t(item_id, error_class, error_message, source)
-        ), marked AS (
-            UPDATE items AS i
-            SET status = $7, error_class = d.error_class, error_message = d.error_message,
-                source = COALESCE(d.source, i.source), finished_at = now(), updated_at = now()
-            FROM d
-            WHERE i.job_id = $1 AND i.item_id = d.item_id
-              AND i.status <> ALL($8::text[])
-              AND ($6::text IS NULL OR (i.lease_owner = $6 AND i.status = $9))
-            RETURNING i.item_id, i.shard, i.error_class, i.error_message, i.source, i.attempt
-        ), listed AS (
-            INSERT INTO dead_letters
-                (job_id, item_id, shard, error_class, error_message, source, attempts)
-            SELECT $1, item_id, shard, error_class, error_message, source, attempt FROM marked
-            ON CONFLICT (job_id, item_id) DO UPDATE
-                SET error_class = EXCLUDED.error_class, error_message = EXCLUDED.error_message,
-                    attempts = EXCLUDED.attempts, created_at = now(), redriven_at = NULL
-            RETURNING 1
-        )
-        SELECT count(*) FROM marked
-        """,
+        _DEAD,
         job_id,
         [i.item_id for i in items],
         [i.error_class for i in items],
@@ -466,10 +481,10 @@ async def items_by_id(
 ) -> dict[str, LedgerRow]:
     """The ledger rows of ``item_ids`` (those the job has), by item id."""
     rows = await pool.fetch(
-        """
+        f"""
         SELECT item_id, ordinal, status, attempt, source, result, prompt_tokens,
                completion_tokens, latency_ms, error_class, error_message, finished_at
-        FROM items WHERE job_id = $1 AND item_id = ANY($2::text[])
+        FROM items WHERE job_id = {THIS_JOB} AND item_id = ANY($2::text[])
         """,
         job_id,
         list(item_ids),
@@ -501,11 +516,11 @@ async def release_items(
     if not item_ids:
         return 0
     status = await pool.execute(
-        """
+        f"""
         UPDATE items SET status = $4, lease_owner = NULL, started_at = NULL,
                          attempt = CASE WHEN $6 THEN greatest(attempt - 1, 0) ELSE attempt END,
                          updated_at = now()
-        WHERE job_id = $1 AND item_id = ANY($3::text[]) AND lease_owner = $2
+        WHERE job_id = {THIS_JOB} AND item_id = ANY($3::text[]) AND lease_owner = $2
           AND status = $5
         """,
         job_id,
