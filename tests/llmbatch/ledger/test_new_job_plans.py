@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import asyncpg
+import pytest
 import pytest_asyncio
 
 from llmbatch import ledger
@@ -105,11 +106,15 @@ async def _finished_job(conn: asyncpg.Connection, n: int) -> None:
     await conn.execute("ANALYZE dedup_leads")
 
 
-async def test_a_new_jobs_statements_stay_linear_under_another_jobs_statistics(
-    explained: tuple[asyncpg.Connection, Plans],
+@pytest.mark.parametrize("earlier", [20_000, 0], ids=["another-jobs-statistics", "a-fresh-ledger"])
+async def test_a_new_jobs_statements_stay_linear(
+    explained: tuple[asyncpg.Connection, Plans], earlier: int
 ) -> None:
+    """On the statistics of another, finished job; and on a fresh ledger, whose tables
+    autoanalyze has not seen yet (the first job after ``llm-batch migrate``)."""
     conn, plans = explained
-    await _finished_job(conn, 20_000)
+    if earlier:
+        await _finished_job(conn, earlier)
     job = f"new-{uuid.uuid4().hex[:8]}"
     keys = [f"{k:064x}" for k in range(KEYS)]
 
