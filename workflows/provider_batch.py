@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         MAX_RESUBMISSIONS,
         PROVIDER_BATCH_WORKFLOW,
         PROVIDER_CANCEL,
+        PROVIDER_CANCEL_IN_SUBMIT,
         PROVIDER_CHECK,
         PROVIDER_COLLECT,
         PROVIDER_GIVE_UP,
@@ -62,22 +63,21 @@ class ProviderBatchWorkflow:
             try:
                 if with_slot:
                     await self._take_slot(slot)
-                ref: ProviderBatchRef = await workflow.execute_activity(
-                    PROVIDER_SUBMIT,
-                    slot,
-                    result_type=ProviderBatchRef,
-                    **options.cpu_step(spec, summary=f"shard {shard}: submit provider batch"),
-                )
+                if workflow.patched(PROVIDER_CANCEL_IN_SUBMIT):
+                    ref = await self._submit(slot)
+                else:
+                    ref = await workflow.execute_activity(
+                        PROVIDER_SUBMIT,
+                        slot,
+                        result_type=ProviderBatchRef,
+                        **options.cpu_step(spec, summary=f"shard {shard}: submit provider batch"),
+                    )
                 if ref.batch_id is None:
                     return  # nothing to send: every item done, shared or cached
                 try:
                     state = await self._wait(ref)
                 except asyncio.CancelledError:
-                    await workflow.execute_activity(
-                        PROVIDER_CANCEL,
-                        ref,
-                        **options.ledger_step(summary=f"cancel provider batch {ref.batch_id}"),
-                    )
+                    await self._cancel(ref)
                     raise
             finally:
                 # The batch ended, was cancelled or never started (a wait cancelled, a
@@ -126,6 +126,32 @@ class ProviderBatchWorkflow:
                 f"{endpoint} has as many batches in flight as its --batch-max-in-flight"
             )
             await workflow.sleep(min(MAX_SLOT_GAP, max(FIRST_CHECK, waited / 10)))
+
+    async def _submit(self, slot: ProviderSubmit) -> ProviderBatchRef:
+        """Submit the batch, shielded: a cancel that comes while it is being created
+        lets the step finish, and the batch it created is cancelled. Cancelled with the
+        step, that batch was left running at the provider, and billed."""
+        shard = slot.shard
+        submit = workflow.start_activity(
+            PROVIDER_SUBMIT,
+            slot,
+            result_type=ProviderBatchRef,
+            **options.cpu_step(shard.spec, summary=f"shard {shard.shard}: submit provider batch"),
+        )
+        try:
+            return await asyncio.shield(submit)
+        except asyncio.CancelledError:
+            ref = await submit
+            if ref.batch_id is not None:
+                await self._cancel(ref)
+            raise
+
+    async def _cancel(self, ref: ProviderBatchRef) -> None:
+        await workflow.execute_activity(
+            PROVIDER_CANCEL,
+            ref,
+            **options.ledger_step(summary=f"cancel provider batch {ref.batch_id}"),
+        )
 
     async def _wait(self, ref: ProviderBatchRef) -> ProviderBatchState:
         started = workflow.now()

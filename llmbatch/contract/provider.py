@@ -21,6 +21,9 @@ PROVIDER_CANCEL = "provider_batch_cancel"
 # that calls them.
 PROVIDER_TAKE_SLOT = "provider_batch_take_slot"
 PROVIDER_RELEASE_SLOT = "provider_batch_release_slot"
+# The patch id of the workflow code that lets a submit step cancelled in flight finish,
+# and cancels the batch it created.
+PROVIDER_CANCEL_IN_SUBMIT = "provider_batch_cancel_in_submit"
 
 # An expired provider batch is submitted again for what it did not finish this many
 # times; then the rest is dead-lettered as expired.

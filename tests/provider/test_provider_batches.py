@@ -212,6 +212,75 @@ async def test_an_expired_batch_is_submitted_again_then_its_rest_dead_letters_as
         assert len(recorded) == 3 and all(r["status"] == "expired" for r in recorded)
 
 
+class CreatesThenWaits(BatchClient):
+    """Test double (a fault injector, not a fake provider): creates the batch on the real
+    provider, then holds the submit step until the test lets it go, so that the job is
+    cancelled while the step is in flight, with the batch created."""
+
+    let_go: ClassVar[asyncio.Event | None] = None
+
+    async def create(
+        self, *, input_file_id: str, url: str, window: str, metadata: dict[str, str]
+    ) -> dict[str, Any]:
+        batch = await super().create(
+            input_file_id=input_file_id, url=url, window=window, metadata=metadata
+        )
+        assert CreatesThenWaits.let_go is not None
+        await asyncio.wait_for(CreatesThenWaits.let_go.wait(), 120)
+        return batch
+
+
+async def test_a_job_cancelled_while_its_batch_is_submitted_cancels_the_batch(
+    provider: Provider,
+    temporal_client: Client,
+    api_pool: asyncpg.Pool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The CPU worker runs in this process: its submit step uses the fault injector.
+    CreatesThenWaits.let_go = asyncio.Event()
+    monkeypatch.setattr(provider_activities, "BatchClient", CreatesThenWaits)
+    settings, api_server, key, _ = provider
+    # 40 requests, which the provider runs 2 at a time: still running when cancelled.
+    spec = _via_batch(provider, tmp_path, rows_of(40), shard_size=40)
+    handle, _ = await start_job(temporal_client, spec, settings=settings)
+    for _ in range(600):
+        if batches := await provider_batches(api_server, key, spec.job_id):
+            break
+        await asyncio.sleep(0.2)
+    assert len(batches) == 1
+    done = await asyncio.to_thread(cli, settings, "cancel", spec.job_id)
+    assert done.returncode == 0, done.stderr
+    # The cancel reaches the batch's workflow while its submit step is still held.
+    child = temporal_client.get_workflow_handle(f"{spec.job_id}/shard-00000/provider-batch")
+    for _ in range(600):
+        history = await child.fetch_history()
+        if any(
+            e.HasField("workflow_execution_cancel_requested_event_attributes")
+            for e in history.events
+        ):
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError("the cancel never reached the provider batch's workflow")
+    CreatesThenWaits.let_go.set()
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert isinstance(failure.value.cause, CancelledError)
+    for _ in range(600):
+        if (await child.describe()).status != WorkflowExecutionStatus.RUNNING:
+            break
+        await asyncio.sleep(0.2)
+    assert (await child.describe()).status == WorkflowExecutionStatus.CANCELED
+
+    (batch,) = await provider_batches(api_server, key, spec.job_id)
+    assert batch["status"] in ("cancelling", "cancelled")
+    running = await api_pool.fetchval(
+        "SELECT count(*) FROM items WHERE job_id = $1 AND status = 'running'", spec.job_id
+    )
+    assert running == 0
+
+
 async def test_cancelling_the_job_cancels_its_provider_batch(
     provider: Provider, temporal_client: Client, api_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
@@ -221,7 +290,9 @@ async def test_cancelling_the_job_cancels_its_provider_batch(
     spec = _via_batch(provider, tmp_path, rows_of(40), shard_size=40)
     handle, _ = await start_job(temporal_client, spec, settings=settings)
     batch_id = await _recorded_batch_id(api_pool, spec.job_id)
-    done = cli(settings, "cancel", spec.job_id)
+    # In a thread: the CPU worker runs on this event loop, and a CLI that takes long
+    # to start on a loaded machine must not stop it (it froze it for 65 s in CI).
+    done = await asyncio.to_thread(cli, settings, "cancel", spec.job_id)
     assert done.returncode == 0, done.stderr
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
