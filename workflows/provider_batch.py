@@ -63,15 +63,8 @@ class ProviderBatchWorkflow:
             try:
                 if with_slot:
                     await self._take_slot(slot)
-                if workflow.patched(PROVIDER_CANCEL_IN_SUBMIT):
-                    ref = await self._submit(slot)
-                else:
-                    ref = await workflow.execute_activity(
-                        PROVIDER_SUBMIT,
-                        slot,
-                        result_type=ProviderBatchRef,
-                        **options.cpu_step(spec, summary=f"shard {shard}: submit provider batch"),
-                    )
+                # Histories from before the shield replay the step unshielded.
+                ref = await self._submit(slot, shielded=workflow.patched(PROVIDER_CANCEL_IN_SUBMIT))
                 if ref.batch_id is None:
                     return  # nothing to send: every item done, shared or cached
                 try:
@@ -127,8 +120,8 @@ class ProviderBatchWorkflow:
             )
             await workflow.sleep(min(MAX_SLOT_GAP, max(FIRST_CHECK, waited / 10)))
 
-    async def _submit(self, slot: ProviderSubmit) -> ProviderBatchRef:
-        """Submit the batch, shielded: a cancel that comes while it is being created
+    async def _submit(self, slot: ProviderSubmit, *, shielded: bool) -> ProviderBatchRef:
+        """Submit the batch; ``shielded``, a cancel that comes while it is being created
         lets the step finish, and the batch it created is cancelled. Cancelled with the
         step, that batch was left running at the provider, and billed."""
         shard = slot.shard
@@ -138,6 +131,8 @@ class ProviderBatchWorkflow:
             result_type=ProviderBatchRef,
             **options.cpu_step(shard.spec, summary=f"shard {shard.shard}: submit provider batch"),
         )
+        if not shielded:
+            return await submit
         try:
             return await asyncio.shield(submit)
         except asyncio.CancelledError:
