@@ -73,7 +73,7 @@ async def one_round(
     name = f"drain-{drain_timeout:g}-{uuid.uuid4().hex[:6]}"
     uri = f"s3://{settings.s3_bucket}/bench-drain/{name}.jsonl"
     body = "".join(json.dumps({"n": i}) + "\n" for i in range(rows))
-    storage.open_store(uri, settings).put_bytes(uri, body.encode())
+    storage.stores.open_store(uri, settings).put_bytes(uri, body.encode())
     spec = JobSpec(
         job_id=name,
         inputs=[uri],

@@ -115,8 +115,8 @@ def main() -> None:
             plain.append((t6 - t5) / n * 1e6)
     load = os.getloadavg()[0]
     print(f"{n} requests, {args.rounds} rounds, load {load:.1f}: CPU µs per item, best (median)")
-    for phase, took in phases.items():
-        print(f"  {phase:8} {min(took):6.2f} ({statistics.median(took):.2f})")
+    for phase, times in phases.items():
+        print(f"  {phase:8} {min(times):6.2f} ({statistics.median(times):.2f})")
     ours = sum(min(t) for t in phases.values())
     print(f"  {'all':8} {ours:6.2f}")
     print(

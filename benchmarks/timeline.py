@@ -58,14 +58,14 @@ async def _history(client: Client, workflow_id: str) -> tuple[datetime, datetime
             EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
             EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
         ):
-            attrs = (
+            ended = (
                 event.activity_task_completed_event_attributes
                 if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
                 else event.activity_task_failed_event_attributes
                 if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
                 else event.activity_task_timed_out_event_attributes
             )
-            sid = attrs.scheduled_event_id
+            sid = ended.scheduled_event_id
             name, when = scheduled.pop(sid)
             steps.append(Step(workflow_id, name, when, started.get(sid), at))
         elif kind in (

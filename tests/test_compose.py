@@ -164,8 +164,10 @@ def check_settings(compose: Compose) -> list[str]:
             if key not in fields:
                 problems.append(f"{where}: {key} is not a setting")
                 continue
+            annotation = fields[key].annotation
+            assert annotation is not None  # every setting is annotated
             try:
-                TypeAdapter(fields[key].annotation).validate_python(value)
+                TypeAdapter(annotation).validate_python(value)
             except ValidationError as exc:
                 problems.append(f"{where}: {key}={value!r}: {exc.errors()[0]['msg']}")
     return problems
@@ -207,8 +209,8 @@ def check_addresses(compose: Compose) -> list[str]:
         variables = env(service)
         for key in ("LLMBATCH_TEMPORAL_ADDRESS", "TEMPORAL_ADDRESS"):
             if key in variables:
-                host, _, port = variables[key].rpartition(":")
-                target(name, key, host, int(port))
+                host, _, port_text = variables[key].rpartition(":")
+                target(name, key, host, int(port_text))
         for key in ("LLMBATCH_S3_ENDPOINT_URL", "OTEL_EXPORTER_OTLP_ENDPOINT"):
             if key in variables:
                 url = urlsplit(variables[key])

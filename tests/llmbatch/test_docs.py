@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from llmbatch import reference
 from llmbatch.cli.main import app
 from llmbatch.config import Settings
-from llmbatch.contract.explanations import ERROR_CLASS_HELP, FAILURE_TYPE_HELP
+from llmbatch.contract.explanations import ERROR_CLASS_HELP, FAILURE_TYPE_HELP, Explanation
 from llmbatch.contract.spec import JobSpec
 from llmbatch.contract.states import ErrorClass, FailureType
 from llmbatch.telemetry import INSTRUMENTS
@@ -64,9 +64,12 @@ def test_check_command_fails_on_a_stale_page(tmp_path: Path) -> None:
 
 
 def test_every_error_class_and_failure_type_has_cause_and_remedy() -> None:
-    for members, help in ((ErrorClass, ERROR_CLASS_HELP), (FailureType, FAILURE_TYPE_HELP)):
-        for member in members:
-            assert help[member].cause.strip() and help[member].remedy.strip(), member
+    explained: list[tuple[ErrorClass | FailureType, Explanation]] = [
+        (m, ERROR_CLASS_HELP[m]) for m in ErrorClass
+    ]
+    explained += [(m, FAILURE_TYPE_HELP[m]) for m in FailureType]
+    for member, help in explained:
+        assert help.cause.strip() and help.remedy.strip(), member
 
 
 def test_every_setting_has_a_description() -> None:
@@ -77,6 +80,7 @@ def test_every_setting_has_a_description() -> None:
 def test_references_name_every_command_setting_error_and_metric() -> None:
     pages = reference.render_all()
     root = typer.main.get_command(app)
+    assert isinstance(root, typer.core.TyperGroup)  # an app of many commands
     ctx = typer.Context(root, info_name="llm-batch")
     for name in root.list_commands(ctx):
         sub = root.get_command(ctx, name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Final
 
 import asyncpg
 import httpx
@@ -35,7 +36,7 @@ from tests.remote.conftest import (
     remote_workers,
 )
 
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 
 
 async def test_a_batch_for_a_routed_model_waits_for_the_endpoints_worker_and_runs_there_once(

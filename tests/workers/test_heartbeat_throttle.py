@@ -32,7 +32,9 @@ BEGAN: dict[str, asyncio.Event] = {}
 async def beat_for_a_while() -> None:
     # As generate's heartbeat loop does: a beat every heartbeat_interval().
     loop = asyncio.get_running_loop()
-    BEGAN[activity.info().workflow_id].set()
+    workflow_id = activity.info().workflow_id
+    assert workflow_id is not None  # run by BeatForAWhile
+    BEGAN[workflow_id].set()
     until = loop.time() + RUN_S + 20  # still beating when the test looks, however slow
     while loop.time() < until:
         activity.heartbeat()

@@ -177,6 +177,7 @@ async def test_cpu_worker_that_loses_temporal_stops_with_one_line(stack: Setting
     proc.send_signal(signal.SIGTERM)
     began = time.monotonic()
     stdout, stderr = await asyncio.wait_for(proc.communicate(), WITHIN_S * 4)
+    assert proc.returncode is not None  # communicate() returns once it exited
     done = subprocess.CompletedProcess(
         ["worker", "cpu"], proc.returncode, (first + stdout).decode(), stderr.decode()
     )

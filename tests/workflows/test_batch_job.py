@@ -208,7 +208,7 @@ async def test_parquet_from_s3_with_json_schema_yields_parsed_objects(
 async def test_openai_batch_file_gives_openai_output_and_error_file(
     workers: Settings, temporal_client: Client, bucket: str, model_name: str
 ) -> None:
-    lines = [
+    lines: list[dict[str, Any]] = [
         {
             "custom_id": f"req-{i}",
             "method": "POST",

@@ -52,7 +52,7 @@ TENANT = "batch-team"
 
 @contextlib.asynccontextmanager
 async def _one_gpu_worker(
-    stack: Settings, client: Client, engine: Engine, model: str, **settings: Any
+    stack: Settings, client: Client, engine: Engine, model: str, **overrides: Any
 ) -> AsyncIterator[Settings]:
     """A CPU worker and a GPU worker that runs one shard at a time (on the session's
     engine), on task queues of their own; yields the settings jobs start with."""
@@ -60,7 +60,11 @@ async def _one_gpu_worker(
 
     name = f"prio-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(
-        update={"cpu_task_queue": f"{name}-cpu", "gpu_task_queue_prefix": f"{name}-gpu", **settings}
+        update={
+            "cpu_task_queue": f"{name}-cpu",
+            "gpu_task_queue_prefix": f"{name}-gpu",
+            **overrides,
+        }
     )
     async with (
         cpu_worker(settings, client=client),

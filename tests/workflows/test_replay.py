@@ -35,6 +35,7 @@ from llmbatch.contract.names import (
     SHARD_WORKFLOW,
     dead_letter_workflow_id,
 )
+from llmbatch.contract.states import ErrorClass
 from llmbatch.engine.vllm_engine import Engine
 from tests.fixtures.replay import replayer
 from tests.fixtures.small_history import one_row_shard_job, small_history_env
@@ -84,7 +85,7 @@ async def test_every_workflow_replays_deterministically(
             redrive = await asyncio.wait_for(
                 dlq.execute_update(
                     REDRIVE_UPDATE,
-                    RedriveRequest(error_classes=["TemplateError"]),
+                    RedriveRequest(error_classes=[ErrorClass.TEMPLATE_ERROR]),
                     result_type=RedriveResult,
                 ),
                 300,

@@ -4,6 +4,7 @@ created batch looks like through the official client."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import asyncpg
 import openai
@@ -55,7 +56,8 @@ async def test_a_batch_for_a_model_served_before_is_accepted_and_waits(
         input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     assert batch.status in {"validating", "in_progress"}
-    assert (await client.batches.retrieve(batch.id)).request_counts.completed == 0
+    counts = (await client.batches.retrieve(batch.id)).request_counts
+    assert counts is not None and counts.completed == 0
     cancelled = await client.batches.cancel(batch.id)
     assert cancelled.status in {"cancelling", "cancelled"}
 
@@ -67,20 +69,21 @@ async def test_bad_parameters_answer_400_in_openais_shape(
         base_url=api_server.base_url, api_key=await api_keys.new(), max_retries=0
     )
     f = await client.files.create(file=("in.jsonl", batch_file("m", 2)), purpose="batch")
-    for kwargs, param in [
+    # Each case overrides one parameter with a value the server refuses.
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"completion_window": "48h"}, "completion_window"),
         ({"endpoint": "/v1/images/generations"}, "endpoint"),
         ({"metadata": {"k" * 65: "v"}}, "metadata"),
-    ]:
+    ]
+    for kwargs, param in cases:
+        create: dict[str, Any] = {
+            "input_file_id": f.id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            **kwargs,
+        }
         with pytest.raises(openai.BadRequestError) as caught:
-            await client.batches.create(
-                **{
-                    "input_file_id": f.id,
-                    "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h",
-                    **kwargs,
-                }
-            )
+            await client.batches.create(**create)
         assert_openai_error(caught.value, status=400, param=param)
     with pytest.raises(openai.NotFoundError) as missing:
         await client.batches.create(

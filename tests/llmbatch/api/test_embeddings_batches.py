@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import math
+from typing import Any, Final
 
 import pytest
 from openai.types import CreateEmbeddingResponse
@@ -18,7 +19,7 @@ from tests.llmbatch.api.helpers import jsonl, lines_of, new_client, until
 
 pytestmark = pytest.mark.slow
 
-EMBEDDINGS = "/v1/embeddings"
+EMBEDDINGS: Final = "/v1/embeddings"
 TEXTS = ["A dog ran along the sea.", "Tax law changed this year.", "Bread rises in the oven."]
 
 
@@ -32,7 +33,7 @@ async def test_an_embeddings_batch_answers_each_request_with_openais_embedding_l
     client, _ = await new_client(api_server, api_keys)
     model = embed_worker.model
     tokenizer = AutoTokenizer.from_pretrained(model)
-    bodies = {
+    bodies: dict[str, dict[str, Any]] = {
         "floats": {"input": TEXTS[0]},
         "base64": {"input": TEXTS, "encoding_format": "base64"},
         "short": {"input": TEXTS[1], "dimensions": 32},

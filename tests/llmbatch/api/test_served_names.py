@@ -44,7 +44,11 @@ async def test_a_model_loaded_from_a_path_is_listed_and_run_under_its_served_nam
             input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         done = await until(client, batch.id, lambda b: b.status in {"completed", "failed"})
-        assert done.status == "completed" and done.request_counts.completed == 3, done
+        assert (
+            done.status == "completed"
+            and done.request_counts is not None
+            and done.request_counts.completed == 3
+        ), done
         lines = await lines_of(client, done.output_file_id)
         assert {line["response"]["body"]["model"] for line in lines} == {name}
     finally:

@@ -12,9 +12,12 @@ from rich.console import Console
 from llmbatch.cli import progress
 from llmbatch.contract.messages import JobProgress, TokenCounts
 from llmbatch.contract.progress import format_duration
+from llmbatch.contract.states import JobState
 
 
-def reading(done: int, *, total: int = 1000, state: str = "running", **kw: object) -> JobProgress:
+def reading(
+    done: int, *, total: int = 1000, state: JobState = JobState.RUNNING, **kw: object
+) -> JobProgress:
     return JobProgress(
         job_id="j1",
         model="m",
@@ -56,8 +59,8 @@ def test_without_a_change_yet_the_rate_is_the_average_since_the_job_started() ->
 def test_no_eta_while_paused_or_once_ended() -> None:
     rates = progress.Rates()
     rates.add(reading(100), at=0.0)
-    assert rates.add(reading(200, state="paused", paused=True), at=5.0).eta_s is None
-    assert rates.add(reading(1000, state="succeeded"), at=10.0).eta_s is None
+    assert rates.add(reading(200, state=JobState.PAUSED, paused=True), at=5.0).eta_s is None
+    assert rates.add(reading(1000, state=JobState.SUCCEEDED), at=10.0).eta_s is None
 
 
 def test_durations_are_short() -> None:
@@ -82,8 +85,8 @@ def test_outside_a_terminal_lines_come_at_the_interval_and_on_state_changes() ->
     with view:
         view.show(rates.add(reading(100), at=0.0))
         view.show(rates.add(reading(200), at=1.0))  # within the interval: no line
-        view.show(rates.add(reading(200, state="paused", paused=True), at=2.0))
-        view.show(rates.add(reading(1000, state="succeeded"), at=3.0), final=True)
+        view.show(rates.add(reading(200, state=JobState.PAUSED, paused=True), at=2.0))
+        view.show(rates.add(reading(1000, state=JobState.SUCCEEDED), at=3.0), final=True)
     lines = buffer.getvalue().splitlines()
     assert len(lines) == 3
     assert "j1 running: 100/1000 items (10%), 0 dead" in lines[0]

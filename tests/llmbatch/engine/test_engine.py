@@ -97,6 +97,7 @@ def test_cpu_defaults_apply_only_on_cpu() -> None:
     # Neither a share nor a size given: a KV cache that fits the engine's memory node.
     # (The node's free memory moves between two reads: compare within bounds.)
     node = cpu_memory_node()
+    assert args.kv_cache_memory_bytes is not None
     assert CPU_KV_MIN_BYTES <= args.kv_cache_memory_bytes <= CPU_KV_MAX_BYTES
     assert args.kv_cache_memory_bytes <= max(node.total_bytes * CPU_KV_SHARE, CPU_KV_MIN_BYTES)
     chosen = EngineOptions(

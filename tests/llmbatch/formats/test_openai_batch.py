@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -249,7 +250,7 @@ def test_a_completion_output_line_is_a_text_completion() -> None:
 
 
 def validate(
-    lines: list[bytes | None], *, max_requests: int = 100, max_errors: int = 100
+    lines: Sequence[bytes | None], *, max_requests: int = 100, max_errors: int = 100
 ) -> list[tuple[int | None, str, str | None]]:
     validator = BatchValidator(
         endpoint=ApiEndpoint.CHAT_COMPLETIONS,
@@ -312,7 +313,7 @@ def test_an_empty_file_and_too_many_requests_are_errors_of_the_file() -> None:
 def test_every_invalid_line_is_named_past_the_entries_kept_one_by_one() -> None:
     """Four lines get an entry each; every other invalid line is named in one entry
     per code, its lines as ranges, however many there are."""
-    lines: list[bytes | None] = [b"x\n"] * 6 + [dump(line())] + [b"y\n"] * 3
+    lines = [b"x\n"] * 6 + [dump(line())] + [b"y\n"] * 3
     lines += [dump({**line(), "custom_id": "u", "url": "/v1/completions"}), b"z\n"]
     validator = BatchValidator(
         endpoint=ApiEndpoint.CHAT_COMPLETIONS, model="m", max_requests=100, max_errors=4

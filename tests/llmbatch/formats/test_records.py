@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmbatch.contract.spec import SamplingSpec
+from llmbatch.contract.states import ErrorClass
 from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 
 
@@ -11,7 +12,11 @@ def test_staged_records_round_trip() -> None:
         # Line breaks and non-ASCII inside values stay inside their record.
         StagedRow(item_id="1", ordinal=0, source="in.jsonl:1", fields={"a": "x\ny\r\u2028ü"}),
         StagedRow(
-            item_id="2", ordinal=1, source="in.jsonl:2", error_class="InvalidRow", error="bad"
+            item_id="2",
+            ordinal=1,
+            source="in.jsonl:2",
+            error_class=ErrorClass.INVALID_ROW,
+            error="bad",
         ),
     ]
     data = dump_jsonl(rows)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_the_output_is_bounded_across_messages() -> None:
 
 def test_errors_name_template_words_never_row_values() -> None:
     secret = "4111-1111-1111-1111"
-    cases = [
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("{{ labels[text] }}", {"labels": {"a": 1}, "text": secret}),  # Jinja quotes the key
         ("{{ text.missing }}", {"text": secret}),
         ("{{ text | int + [] }}", {"text": secret}),

@@ -142,6 +142,7 @@ def payloads_in(message: Message) -> Iterator[Payload]:
     for field, value in message.ListFields():
         if field.type != field.TYPE_MESSAGE:
             continue
+        assert field.message_type is not None  # a message field names its message type
         if isinstance(value, Message):
             values = [value]
         elif field.message_type.GetOptions().map_entry:

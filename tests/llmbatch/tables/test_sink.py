@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 import pytest
 
@@ -71,7 +73,7 @@ async def test_embeddings_to_real_array(table_db: TableDb, stack: Settings) -> N
     spec = job(table_db, "vectors", task=Task.EMBED, messages=None, text="{{ body }}")
     await jobs.check_table_job(spec, stack, stack.render_limits, create_output=True)
     table = parse_table_uri(spec.output_uri, output=True)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "item_id": "a",
             "job_id": "j",

@@ -108,7 +108,7 @@ class Run:
             )
         # An API batch starts with its record, in one Update-with-Start, as the server
         # starts it (llmbatch.client.start_api_batch).
-        start = WithStartWorkflowOperation(
+        start: WithStartWorkflowOperation[Any, JobSummary] = WithStartWorkflowOperation(
             BATCH_JOB_WORKFLOW,
             BatchJobInput(spec=spec),
             id=self.job_id,

@@ -31,7 +31,7 @@ from llmbatch.contract.states import JobState
 from tests.workflows.orchestration.harness import Run, orchestrate, result_of
 
 SHARDS = 3
-PLACED = {"priority": 1, "tenant": "team-a", "tenant_weight": 2.0}
+PLACED: dict[str, Any] = {"priority": 1, "tenant": "team-a", "tenant_weight": 2.0}
 EXPECTED = Priority(priority_key=1, fairness_key="team-a", fairness_weight=2.0)
 
 
