@@ -80,9 +80,10 @@ async def render_and_register(
         )
 
     items = _new_items(spec, rows, requests, answers)
-    # Requests other shards lead are registered once their results are in, so that
-    # registering answers them (one write an item); when their leads were not taken
-    # yet, they are looked for again below, once registered.
+    # Requests other shards lead (from their registering on) are registered once
+    # their results are in, so that registering answers them (one write an item);
+    # when another shard registered them later than this one looked, they are looked
+    # for again below, once registered.
     waited = (
         answers is not None
         and answers.leads

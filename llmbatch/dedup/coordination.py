@@ -224,7 +224,8 @@ class Leads:
     For each distinct request one item of the job leads (``dedup_leads``): its shard
     generates, the others wait and share the result. A lead lives as long as its item
     runs under the leader's lease and the leader renews it with its heartbeats, so
-    when the leader's attempt dies the lead is taken over instead of waited for.
+    when the leader's attempt dies the lead is taken over instead of waited for. A
+    lead that registering took is taken over by the first attempt that asks.
     """
 
     def __init__(

@@ -1,7 +1,9 @@
 """The SQL of in-job deduplication: one leader per distinct request of a job.
 
 A shard leads a request key (its item generates it) or waits for the leader's
-result; a lead whose attempt died is taken over. A shard whose every request another
+result; a lead whose attempt died is taken over. Registering a shard leads its pending
+requests until its generate step takes them over (``REGISTERED_LEAD``, written by
+:func:`llmbatch.ledger.items.register_items`). A shard whose every request another
 shard leads waits for them at prepare (:func:`lead_progress`), and is answered by
 registering or, when it registered first, by :func:`answer_from_leads`. Fenced in
 the WHERE clause.
@@ -18,7 +20,7 @@ from llmbatch.contract.states import (
     ResultSource,
 )
 from llmbatch.ledger.db import THIS_JOB, Database, batch_rows
-from llmbatch.ledger.items import Answered
+from llmbatch.ledger.items import REGISTERED_LEAD, Answered
 
 
 @dataclass(slots=True)
@@ -52,11 +54,12 @@ async def take_leads(
     """Lead the requests of ``leads`` (request key, the item that will generate it) for
     ``lease_owner``; return the keys it now leads.
 
-    A key is taken when nobody leads it, when this lease already does, or when its
-    lead is gone: the leader item has not succeeded, and it no longer runs under the
-    lead's lease (its attempt died and the item was released, re-claimed or marked
-    dead) or the lead was not renewed for ``stale_after_s``. Fenced in the WHERE clause, so of
-    two shards asking at once exactly one leads.
+    A key is taken when nobody leads it, when this lease already does, when
+    registering took it (no attempt runs it yet), or when its lead is gone: the
+    leader item has not succeeded, and it no longer runs under the lead's lease (its
+    attempt died and the item was released, re-claimed or marked dead) or the lead
+    was not renewed for ``stale_after_s``. Fenced in the WHERE clause, so of two
+    shards asking at once exactly one leads.
     """
     if not leads:
         return set()
@@ -68,7 +71,7 @@ async def take_leads(
         ON CONFLICT (job_id, request_key) DO UPDATE
             SET item_id = EXCLUDED.item_id, lease_owner = EXCLUDED.lease_owner,
                 renewed_at = now()
-            WHERE l.lease_owner = EXCLUDED.lease_owner
+            WHERE l.lease_owner = EXCLUDED.lease_owner OR l.lease_owner = $8
                OR NOT EXISTS (
                    SELECT 1 FROM items AS i
                    WHERE i.job_id = l.job_id AND i.item_id = l.item_id
@@ -84,6 +87,7 @@ async def take_leads(
         stale_after_s,
         ItemStatus.SUCCEEDED,
         ItemStatus.RUNNING,
+        REGISTERED_LEAD,
     )
     return {r["request_key"] for r in rows}
 
@@ -166,13 +170,19 @@ async def lead_progress(
 
     A lead counts as alive as :func:`take_leads` has it (its item runs under the
     lead's lease, renewed within ``stale_after_s``), and only in another shard: a
-    shard never waits for itself."""
+    shard never waits for itself. So does a lead that registering took, for
+    ``stale_after_s`` from then, while its item waits for its shard's generate step
+    (pending, or claimed and about to be led by that step)."""
     row = await pool.fetchrow(
         f"""
         SELECT count(*) FILTER (WHERE i.status = $4) AS answered,
                count(*) FILTER (
-                   WHERE i.status = $5 AND i.shard <> $2 AND i.lease_owner = l.lease_owner
-                     AND {_RENEWED} >= now() - make_interval(secs => $6)) AS elsewhere
+                   WHERE i.shard <> $2 AND (
+                       (i.status = $5 AND i.lease_owner = l.lease_owner
+                        AND {_RENEWED} >= now() - make_interval(secs => $6))
+                       OR (l.lease_owner = $8 AND i.status IN ($5, $7)
+                           AND l.renewed_at >= now() - make_interval(secs => $6))
+                   )) AS elsewhere
         FROM dedup_leads AS l
         JOIN items AS i ON i.job_id = l.job_id AND i.item_id = l.item_id
         WHERE l.job_id = {THIS_JOB} AND l.request_key = ANY($3::text[])
@@ -183,6 +193,8 @@ async def lead_progress(
         ItemStatus.SUCCEEDED,
         ItemStatus.RUNNING,
         stale_after_s,
+        ItemStatus.PENDING,
+        REGISTERED_LEAD,
     )
     assert row is not None  # an aggregate always returns its row
     return LeadProgress(

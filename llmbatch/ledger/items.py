@@ -115,6 +115,11 @@ def _answer(column: str) -> str:
     )
 
 
+# The lease owner of a lead that registering took (see _REGISTER): no attempt's lease,
+# so any generate attempt takes it over, and other shards wait for it only a while
+# (llmbatch.dedup.leads.lead_progress).
+REGISTERED_LEAD = "registered"
+
 # Registering a shard's items, answering those the job's leads or the result cache hold:
 # as a plain insert (_REGISTER_NEW) or one that updates ids already there (below).
 _REGISTER = """
@@ -156,6 +161,18 @@ _REGISTER = """
         FROM answers AS a
         {conflict}
         RETURNING item_id, status, result_source, prompt_tokens, completion_tokens
+    ), led AS (
+        -- A request left pending here is led by its first item here, unless the job
+        -- leads it already: a shard registered after this one then waits for its
+        -- result and registers answered (one write an item), where it would
+        -- otherwise find no lead yet (this shard's generate step has not started),
+        -- register pending and be answered by a second write.
+        INSERT INTO dedup_leads (job_id, request_key, item_id, lease_owner)
+        SELECT DISTINCT ON (t.lead_key) $1, t.lead_key, r.item_id, $15
+        FROM registered AS r JOIN t ON t.item_id = r.item_id
+        WHERE r.status = $8 AND t.lead_key IS NOT NULL
+        ORDER BY t.lead_key, t.ordinal
+        ON CONFLICT (job_id, request_key) DO NOTHING
     )
     -- The ids written and left to run (not those finished: a cached shard's
     -- are all of them), what answered the others, and how many rows were
@@ -215,6 +232,9 @@ async def register_items(
     ``result_cache`` when ``anonymous``: another tenant's entry is never named). Of an
     item already registered only a pending one takes the answer.
 
+    An item left pending leads its request (``lead_key``) when the job has no lead
+    of it yet (``REGISTERED_LEAD``): shards registered after this one wait for it.
+
     Placeholders of the shard (rows a failed attempt never read) give way to the
     real items here, and their dead letters go with them.
     """
@@ -237,6 +257,7 @@ async def register_items(
         anonymous,
         [i.cache_key for i in items],
         [i.lead_key for i in items],
+        REGISTERED_LEAD,
     )
     async with transaction(pool) as conn:
         await conn.execute(

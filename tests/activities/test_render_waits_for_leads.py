@@ -149,6 +149,84 @@ async def test_a_shard_led_whole_by_another_waits_and_is_answered_without_a_work
         assert row["completion_tokens"] == 2
 
 
+async def test_a_shard_registered_after_the_leading_shard_waits_before_its_generate_starts(
+    ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
+) -> None:
+    first = _input(tmp_path)
+    second = first.model_copy(update={"shard": 1})
+    await _prepare(ctx, first, _rows(0, NAMES))
+    job_id = first.spec.job_id
+    # Registering shard 0 led its requests, before any generate attempt of it ran.
+    assert await ledger_pool.fetchval(
+        "SELECT count(*) FROM dedup_leads WHERE job_id = $1 AND lease_owner = $2",
+        job_id,
+        ledger.items.REGISTERED_LEAD,
+    ) == len(NAMES)
+
+    # Shard 1 asks for the same requests: it waits for shard 0, which has not claimed
+    # anything yet, instead of registering them pending for a second write later.
+    beats: list[Any] = []
+    waiting = asyncio.create_task(_prepare(ctx, second, _rows(1, NAMES * 2), beats))
+    for _ in range(100):
+        if beats:
+            break
+        await asyncio.sleep(0.05)
+    assert beats and not waiting.done()
+
+    # Shard 0's generate attempt starts: it takes its leads over from registering.
+    lease = f"{job_id}/shard-00000/3#1"
+    todo = await _lead(ledger_pool, ctx, first, lease)
+    await ledger.items.record_results(
+        ledger_pool,
+        job_id=job_id,
+        lease_owner=lease,
+        results=[
+            ledger.items.ItemResult(r.item_id, {"text": f"about {r.item_id}"}, 3, 2, 5.0)
+            for r in todo
+        ],
+    )
+    rendered = await asyncio.wait_for(waiting, 30)
+    assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
+    rows = await ledger_pool.fetch(
+        "SELECT status, attempt, result_source FROM items WHERE job_id = $1 AND shard = 1",
+        job_id,
+    )
+    assert {tuple(r) for r in rows} == {("succeeded", 0, "deduplicated")}
+
+
+async def test_a_lead_registering_took_is_waited_for_only_until_it_is_stale(
+    ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
+) -> None:
+    first = _input(tmp_path)
+    await _prepare(ctx, first, _rows(0, NAMES))
+    todo = list(load_jsonl(await ctx.read(first.layout.shard_requests(0)), StagedRequest))
+    keys = [r.key or "" for r in todo]
+
+    def progress(shard: int, stale_after_s: float = 60) -> Any:
+        return leads.lead_progress(
+            ledger_pool,
+            job_id=first.spec.job_id,
+            shard=shard,
+            request_keys=keys,
+            stale_after_s=stale_after_s,
+        )
+
+    assert (await progress(1)).worth_waiting
+    # Never by its own shard, and not once it is older than a lead's renewals may be:
+    # then the shard that waited goes on, and its generate step runs the requests.
+    assert not (await progress(0)).worth_waiting
+    assert not (await progress(1, stale_after_s=0)).worth_waiting
+    # Registering leads no attempt: the first generate attempt to ask takes it over,
+    # fresh as it is (here shard 1's, whose prepare did not wait).
+    assert await leads.take_leads(
+        ledger_pool,
+        job_id=first.spec.job_id,
+        leads=[(k, f"s1-{n}") for n, k in enumerate(keys)],
+        lease_owner="B#1",
+        stale_after_s=60,
+    ) == set(keys)
+
+
 async def test_a_shard_with_a_request_nobody_leads_does_not_wait(
     ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
 ) -> None:
