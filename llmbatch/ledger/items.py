@@ -166,11 +166,14 @@ _REGISTER = """
         -- leads it already: a shard registered after this one then waits for its
         -- result and registers answered (one write an item), where it would
         -- otherwise find no lead yet (this shard's generate step has not started),
-        -- register pending and be answered by a second write.
+        -- register pending and be answered by a second write. Only while the job
+        -- has a shard planned after this one, which starts (and registers) later:
+        -- the last shard's leads would keep nobody waiting, and cost a write each.
         INSERT INTO dedup_leads (job_id, request_key, item_id, lease_owner)
         SELECT DISTINCT ON (t.lead_key) $1, t.lead_key, r.item_id, $15
         FROM registered AS r JOIN t ON t.item_id = r.item_id
         WHERE r.status = $8 AND t.lead_key IS NOT NULL
+          AND EXISTS (SELECT FROM shards AS s WHERE s.job_id = $1 AND s.shard > $2)
         ORDER BY t.lead_key, t.ordinal
         ON CONFLICT (job_id, request_key) DO NOTHING
     )
@@ -233,7 +236,8 @@ async def register_items(
     item already registered only a pending one takes the answer.
 
     An item left pending leads its request (``lead_key``) when the job has no lead
-    of it yet (``REGISTERED_LEAD``): shards registered after this one wait for it.
+    of it yet and a shard planned after this one (``REGISTERED_LEAD``): shards
+    registered after this one wait for it.
 
     Placeholders of the shard (rows a failed attempt never read) give way to the
     real items here, and their dead letters go with them.

@@ -25,6 +25,7 @@ from llmbatch.contract.messages import JobLayout, RenderResult, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
 from llmbatch.dedup import leads
 from llmbatch.formats.records import StagedRequest, StagedRow, load_jsonl
+from llmbatch.ledger.jobs import PlannedShard
 
 NAMES = ["ada", "bob", "cy"]
 
@@ -149,11 +150,21 @@ async def test_a_shard_led_whole_by_another_waits_and_is_answered_without_a_work
         assert row["completion_tokens"] == 2
 
 
+async def _plan_three_shards(pool: asyncpg.Pool, input: ShardInput) -> None:
+    """The job's plan in the ledger, as plan_job records it: shards 0, 1 and 2."""
+    await ledger.jobs.record_shards(
+        pool,
+        job_id=input.spec.job_id,
+        shards=[PlannedShard(n, "rows.jsonl", 0, 0, None) for n in (0, 1, 2)],
+    )
+
+
 async def test_a_shard_registered_after_the_leading_shard_waits_before_its_generate_starts(
     ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
 ) -> None:
     first = _input(tmp_path)
     second = first.model_copy(update={"shard": 1})
+    await _plan_three_shards(ledger_pool, first)
     await _prepare(ctx, first, _rows(0, NAMES))
     job_id = first.spec.job_id
     # Registering shard 0 led its requests, before any generate attempt of it ran.
@@ -187,6 +198,14 @@ async def test_a_shard_registered_after_the_leading_shard_waits_before_its_gener
     )
     rendered = await asyncio.wait_for(waiting, 30)
     assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
+    # The job's last shard leads nothing when it registers: no shard comes after it.
+    last = await _prepare(ctx, second.model_copy(update={"shard": 2}), _rows(2, ["eve"]))
+    assert last.to_generate == 1
+    assert not await ledger_pool.fetchval(
+        "SELECT count(*) FROM dedup_leads AS l JOIN items AS i USING (job_id, item_id) "
+        "WHERE l.job_id = $1 AND i.shard = 2",
+        job_id,
+    )
     rows = await ledger_pool.fetch(
         "SELECT status, attempt, result_source FROM items WHERE job_id = $1 AND shard = 1",
         job_id,
@@ -198,6 +217,7 @@ async def test_a_lead_registering_took_is_waited_for_only_until_it_is_stale(
     ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
 ) -> None:
     first = _input(tmp_path)
+    await _plan_three_shards(ledger_pool, first)
     await _prepare(ctx, first, _rows(0, NAMES))
     todo = list(load_jsonl(await ctx.read(first.layout.shard_requests(0)), StagedRequest))
     keys = [r.key or "" for r in todo]

@@ -26,6 +26,7 @@ from llmbatch import ledger
 from llmbatch.contract.states import ErrorClass
 from llmbatch.dedup import leads
 from llmbatch.ledger.db import _init_connection
+from llmbatch.ledger.jobs import PlannedShard
 
 # Shard 0 leads KEYS requests among its SHARD0 rows; shard 1 repeats them in FOLLOWERS.
 KEYS, SHARD0, FOLLOWERS = 200, 1_000, 9_000
@@ -146,7 +147,13 @@ async def test_a_new_jobs_statements_stay_linear(
     # shard 1. A third shard's rows (none of them rendered) are claimed, given back, looked
     # up and die.
     first, second = new(0, SHARD0, offset=0), new(1, FOLLOWERS, offset=SHARD0)
+    # Planned, so that registering shard 0 leads its requests (shards come after it),
+    # and shard 0's generate step takes those leads over.
+    await ledger.jobs.record_shards(
+        conn, job_id=job, shards=[PlannedShard(n, "rows.jsonl", 0, 0, None) for n in range(3)]
+    )
     await linear(SHARD0, ledger.items.register_items(conn, job_id=job, shard=0, items=first))
+    assert await conn.fetchval("SELECT count(*) FROM dedup_leads WHERE job_id = $1", job) == KEYS
     await linear(FOLLOWERS, ledger.items.register_items(conn, job_id=job, shard=1, items=second))
     owner = "gpu#1"
     claimed = await linear(
