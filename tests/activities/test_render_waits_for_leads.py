@@ -102,6 +102,33 @@ async def _lead(
     return todo
 
 
+async def _waiting(
+    ctx: ActivityContext, input: ShardInput, rows: list[StagedRow]
+) -> asyncio.Task[RenderResult]:
+    """The shard's prepare, started and seen waiting (it heartbeats, not done)."""
+    beats: list[Any] = []
+    waiting = asyncio.create_task(_prepare(ctx, input, rows, beats))
+    for _ in range(100):
+        if beats:
+            break
+        await asyncio.sleep(0.05)
+    assert beats and not waiting.done()
+    return waiting
+
+
+async def _succeed(pool: asyncpg.Pool, job_id: str, lease: str, todo: list[StagedRequest]) -> None:
+    """The leading attempt records a result for each of its requests."""
+    await ledger.items.record_results(
+        pool,
+        job_id=job_id,
+        lease_owner=lease,
+        results=[
+            ledger.items.ItemResult(r.item_id, {"text": f"about {r.item_id}"}, 3, 2, 5.0)
+            for r in todo
+        ],
+    )
+
+
 async def test_a_shard_led_whole_by_another_waits_and_is_answered_without_a_worker(
     ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
 ) -> None:
@@ -112,27 +139,13 @@ async def test_a_shard_led_whole_by_another_waits_and_is_answered_without_a_work
     todo = await _lead(ledger_pool, ctx, first, lease)
 
     # Shard 1 asks for the same three requests, twice each: it waits.
-    beats: list[Any] = []
-    waiting = asyncio.create_task(_prepare(ctx, second, _rows(1, NAMES * 2), beats))
-    for _ in range(100):
-        if beats:
-            break
-        await asyncio.sleep(0.05)
-    assert beats and not waiting.done()
+    waiting = await _waiting(ctx, second, _rows(1, NAMES * 2))
     # Nothing of shard 1 is registered while it waits.
     assert not await ledger_pool.fetchval(
         "SELECT count(*) FROM items WHERE job_id = $1 AND shard = 1", first.spec.job_id
     )
 
-    await ledger.items.record_results(
-        ledger_pool,
-        job_id=first.spec.job_id,
-        lease_owner=lease,
-        results=[
-            ledger.items.ItemResult(r.item_id, {"text": f"about {r.item_id}"}, 3, 2, 5.0)
-            for r in todo
-        ],
-    )
+    await _succeed(ledger_pool, first.spec.job_id, lease, todo)
     rendered = await asyncio.wait_for(waiting, 30)
     assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
     rows = await ledger_pool.fetch(
@@ -176,26 +189,12 @@ async def test_a_shard_registered_after_the_leading_shard_waits_before_its_gener
 
     # Shard 1 asks for the same requests: it waits for shard 0, which has not claimed
     # anything yet, instead of registering them pending for a second write later.
-    beats: list[Any] = []
-    waiting = asyncio.create_task(_prepare(ctx, second, _rows(1, NAMES * 2), beats))
-    for _ in range(100):
-        if beats:
-            break
-        await asyncio.sleep(0.05)
-    assert beats and not waiting.done()
+    waiting = await _waiting(ctx, second, _rows(1, NAMES * 2))
 
     # Shard 0's generate attempt starts: it takes its leads over from registering.
     lease = f"{job_id}/shard-00000/3#1"
     todo = await _lead(ledger_pool, ctx, first, lease)
-    await ledger.items.record_results(
-        ledger_pool,
-        job_id=job_id,
-        lease_owner=lease,
-        results=[
-            ledger.items.ItemResult(r.item_id, {"text": f"about {r.item_id}"}, 3, 2, 5.0)
-            for r in todo
-        ],
-    )
+    await _succeed(ledger_pool, job_id, lease, todo)
     rendered = await asyncio.wait_for(waiting, 30)
     assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
     # The job's last shard leads nothing when it registers: no shard comes after it.
