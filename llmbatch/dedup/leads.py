@@ -54,12 +54,12 @@ async def take_leads(
     """Lead the requests of ``leads`` (request key, the item that will generate it) for
     ``lease_owner``; return the keys it now leads.
 
-    A key is taken when nobody leads it, when this lease already does, when
-    registering took it (no attempt runs it yet), or when its lead is gone: the
-    leader item has not succeeded, and it no longer runs under the lead's lease (its
-    attempt died and the item was released, re-claimed or marked dead) or the lead
-    was not renewed for ``stale_after_s``. Fenced in the WHERE clause, so of two
-    shards asking at once exactly one leads.
+    A key is taken when nobody leads it, when this lease already does, or when its
+    lead is gone: the leader item has not succeeded, and it no longer runs under the
+    lead's lease (its attempt died and the item was released, re-claimed or marked
+    dead; a lead that registering took names no attempt's lease, so the first
+    attempt that asks takes it) or the lead was not renewed for ``stale_after_s``.
+    Fenced in the WHERE clause, so of two shards asking at once exactly one leads.
     """
     if not leads:
         return set()
@@ -71,7 +71,7 @@ async def take_leads(
         ON CONFLICT (job_id, request_key) DO UPDATE
             SET item_id = EXCLUDED.item_id, lease_owner = EXCLUDED.lease_owner,
                 renewed_at = now()
-            WHERE l.lease_owner = EXCLUDED.lease_owner OR l.lease_owner = $8
+            WHERE l.lease_owner = EXCLUDED.lease_owner
                OR NOT EXISTS (
                    SELECT 1 FROM items AS i
                    WHERE i.job_id = l.job_id AND i.item_id = l.item_id
@@ -87,7 +87,6 @@ async def take_leads(
         stale_after_s,
         ItemStatus.SUCCEEDED,
         ItemStatus.RUNNING,
-        REGISTERED_LEAD,
     )
     return {r["request_key"] for r in rows}
 
