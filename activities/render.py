@@ -81,13 +81,16 @@ async def render_and_register(
 
     items = _new_items(spec, rows, requests, answers)
     # Requests other shards lead (from their registering on) are registered once
-    # their results are in, so that registering answers them (one write an item);
-    # when another shard registered them later than this one looked, they are looked
-    # for again below, once registered.
+    # their results are in, so that registering answers them (one write an item).
+    # Earlier shards of the job not registered yet are waited for first (they lead
+    # what they leave pending); when another shard registered them later than this
+    # one looked all the same, they are looked for again below, once registered.
     waited = (
         answers is not None
         and answers.leads
-        and await _wait_for_leads(ctx, input, [i for i in items if i.item_id in requests])
+        and await _wait_for_leads(
+            ctx, input, [i for i in items if i.item_id in requests], earlier_shards=True
+        )
     )
     registered = await register(items)
     if registered.elsewhere:
@@ -141,10 +144,15 @@ async def render_and_register(
 
 
 async def _wait_for_leads(
-    ctx: ActivityContext, input: ShardInput, items: list[ledger.items.NewItem]
+    ctx: ActivityContext,
+    input: ShardInput,
+    items: list[ledger.items.NewItem],
+    *,
+    earlier_shards: bool = False,
 ) -> bool:
     """Wait while other shards lead every request of ``items``
-    (:func:`llmbatch.dedup.coordination.wait_for_leads`); whether they did."""
+    (:func:`llmbatch.dedup.coordination.wait_for_leads`, for the job's earlier shards
+    to register first with ``earlier_shards``); whether they did."""
     keys = {i.lead_key for i in items}
     # A request without a lead key (sampled) runs here anyway: nothing to wait for.
     # Nor when enough steps of this worker wait already.
@@ -161,6 +169,7 @@ async def _wait_for_leads(
                 heartbeat_timeout.total_seconds() if heartbeat_timeout else None
             ),
             beat=activity.heartbeat,
+            earlier_shards=earlier_shards,
         )
     finally:
         ctx.lead_waits.give_back()

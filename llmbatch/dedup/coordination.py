@@ -20,6 +20,7 @@ from llmbatch.contract.states import ResultSource
 from llmbatch.dedup import leads, result_cache
 from llmbatch.dedup.keys import cache_anonymous, cache_key, cache_scope, request_key
 from llmbatch.formats.records import StagedRequest
+from llmbatch.ledger import jobs
 from llmbatch.ledger.db import Database
 from llmbatch.ledger.served_models import CachePolicy
 
@@ -51,6 +52,12 @@ PREPARE_WAIT_LIMIT_SECONDS = 60.0
 # record), then less often.
 PREPARE_POLL_FIRST_SECONDS = 0.05
 PREPARE_POLL_MAX_SECONDS = 0.1
+# A shard that finds a request nobody leads yet waits this long at most for the job's
+# earlier shards to register (registering leads their pending requests): they are
+# smaller and start with it, so they are usually a fraction of a second behind, and
+# a shard that looked before they registered would otherwise register its items
+# pending and be answered by a second write of each.
+EARLIER_SHARDS_WAIT_SECONDS = 5.0
 # Prepare steps of one worker that wait at once (:class:`WaitSlots`): a sixth of the
 # activity slots Temporal gives a worker by default (100).
 PREPARE_WAITS_PER_WORKER = 16
@@ -323,6 +330,7 @@ async def wait_for_leads(
     stale_after_s: float,
     beat: Callable[[], None],
     limit_s: float = PREPARE_WAIT_LIMIT_SECONDS,
+    earlier_shards: bool = False,
 ) -> bool:
     """Wait while other shards lead every one of a shard's requests (``request_keys``,
     distinct) and have not all succeeded; return whether they led (or had answered)
@@ -333,23 +341,32 @@ async def wait_for_leads(
     writes an item), a step on the engine's queue for a shard that never needs the
     engine. The wait stops when a request has no live lead elsewhere (the shard must
     run it, or take the lead over) or after ``limit_s``; the generate step has what
-    is left. ``beat`` heartbeats the step while it waits.
+    is left. With ``earlier_shards``, a request nobody leads first waits (up to
+    :data:`EARLIER_SHARDS_WAIT_SECONDS`) for the job's earlier shards to register,
+    and is looked at again. ``beat`` heartbeats the step while it waits.
     """
     started = time.monotonic()
     pause = PREPARE_POLL_FIRST_SECONDS
     polls = 0
-    while True:
-        progress = await leads.lead_progress(
+
+    async def look() -> leads.LeadProgress:
+        return await leads.lead_progress(
             pool, job_id=job_id, shard=shard, request_keys=request_keys, stale_after_s=stale_after_s
         )
-        if not polls and not (progress.worth_waiting or progress.all_answered):
+
+    progress = await look()
+    if not (progress.worth_waiting or progress.all_answered):
+        if not (earlier_shards and await _earlier_shards_registered(pool, job_id, shard, beat)):
             return False
-        if not progress.worth_waiting or time.monotonic() - started + pause > limit_s:
-            break
+        progress = await look()
+        if not (progress.worth_waiting or progress.all_answered):
+            return False
+    while progress.worth_waiting and time.monotonic() - started + pause <= limit_s:
         polls += 1
         beat()
         await asyncio.sleep(pause)
         pause = min(pause * 2, PREPARE_POLL_MAX_SECONDS)
+        progress = await look()
     if polls:
         log.info(
             "shard %d of %s waited %.2f s for other shards' leads: %d of %d answered",
@@ -359,4 +376,29 @@ async def wait_for_leads(
             progress.answered,
             progress.keys,
         )
+    return True
+
+
+async def _earlier_shards_registered(
+    pool: Database, job_id: str, shard: int, beat: Callable[[], None]
+) -> bool:
+    """Wait (heartbeating) until the job's planned shards before ``shard`` have all
+    registered, or :data:`EARLIER_SHARDS_WAIT_SECONDS`; whether any had not when
+    asked (so their leads are worth another look)."""
+    if not await jobs.shards_unregistered(pool, job_id=job_id, before=shard):
+        return False
+    started = time.monotonic()
+    pause = PREPARE_POLL_FIRST_SECONDS
+    while time.monotonic() - started + pause <= EARLIER_SHARDS_WAIT_SECONDS:
+        beat()
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, PREPARE_POLL_MAX_SECONDS)
+        if not await jobs.shards_unregistered(pool, job_id=job_id, before=shard):
+            break
+    log.info(
+        "shard %d of %s waited %.2f s for the job's earlier shards to register",
+        shard,
+        job_id,
+        time.monotonic() - started,
+    )
     return True

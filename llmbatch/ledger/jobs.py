@@ -112,6 +112,27 @@ async def planned_shards(pool: Database, *, job_id: str) -> list[int]:
     return [int(r["shard"]) for r in rows]
 
 
+async def shards_unregistered(pool: Database, *, job_id: str, before: int) -> int:
+    """How many of the job's planned shards before shard ``before`` have registered
+    no item yet (their prepare step has not got that far)."""
+    if before <= 0:
+        return 0
+    # A shard's first item in items_by_shard's order, for each earlier shard: a probe
+    # of the index whatever the statistics say of the job (as an anti-join, or
+    # without the order, the planner may read every item of the table for each).
+    count = await pool.fetchval(
+        """
+        SELECT count(*) FROM shards AS s
+        WHERE s.job_id = $1 AND s.shard < $2
+          AND (SELECT 1 FROM items AS i WHERE i.job_id = $1 AND i.shard = s.shard
+               ORDER BY i.ordinal LIMIT 1) IS NULL
+        """,
+        job_id,
+        before,
+    )
+    return int(count or 0)
+
+
 async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
     """How many of a job's items are in each status, and the tokens of those that succeeded."""
     row = await pool.fetchrow(

@@ -23,7 +23,7 @@ from llmbatch import ledger
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobLayout, RenderResult, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
-from llmbatch.dedup import leads
+from llmbatch.dedup import coordination, leads
 from llmbatch.formats.records import StagedRequest, StagedRow, load_jsonl
 from llmbatch.ledger.jobs import PlannedShard
 
@@ -210,6 +210,61 @@ async def test_a_shard_registered_after_the_leading_shard_waits_before_its_gener
         job_id,
     )
     assert {tuple(r) for r in rows} == {("succeeded", 0, "deduplicated")}
+
+
+async def test_a_shard_rendered_before_an_earlier_shard_registered_waits_for_it(
+    ledger_pool: asyncpg.Pool, ctx: ActivityContext, tmp_path: Path
+) -> None:
+    first = _input(tmp_path)
+    second = first.model_copy(update={"shard": 1})
+    job_id = first.spec.job_id
+    await _plan_three_shards(ledger_pool, first)
+
+    # Shard 1 looks first: nobody leads its requests yet, but shard 0 has not
+    # registered, so it waits for that instead of registering them pending.
+    waiting = await _waiting(ctx, second, _rows(1, NAMES * 2))
+    await _prepare(ctx, first, _rows(0, NAMES))
+    # Shard 0 registered and led its requests: shard 1 waits on, for their results.
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    assert not await ledger_pool.fetchval(
+        "SELECT count(*) FROM items WHERE job_id = $1 AND shard = 1", job_id
+    )
+
+    lease = f"{job_id}/shard-00000/3#1"
+    await _succeed(ledger_pool, job_id, lease, await _lead(ledger_pool, ctx, first, lease))
+    rendered = await asyncio.wait_for(waiting, 30)
+    assert (rendered.to_generate, rendered.already_done) == (0, 2 * len(NAMES))
+    # Written once, answered: never pending.
+    rows = await ledger_pool.fetch(
+        "SELECT status, attempt, result_source FROM items WHERE job_id = $1 AND shard = 1",
+        job_id,
+    )
+    assert [tuple(r) for r in rows] == [("succeeded", 0, "deduplicated")] * (2 * len(NAMES))
+
+
+async def test_an_earlier_shard_that_never_registers_is_waited_for_only_so_long(
+    ledger_pool: asyncpg.Pool,
+    ctx: ActivityContext,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(coordination, "EARLIER_SHARDS_WAIT_SECONDS", 0.5)
+    first = _input(tmp_path)
+    await _plan_three_shards(ledger_pool, first)
+    # Shard 0 never registers (its prepare step is stuck, say): shard 1 waits for it,
+    # heartbeating, as long as the limit, then registers its items for its generate step.
+    loop = asyncio.get_running_loop()
+    started, beats = loop.time(), list[Any]()
+    rendered = await asyncio.wait_for(
+        _prepare(ctx, first.model_copy(update={"shard": 1}), _rows(1, NAMES), beats), 10
+    )
+    assert rendered.to_generate == len(NAMES) and beats
+    assert loop.time() - started >= 0.4
+    # Shard 0 has no earlier shard: it goes on at once.
+    beats.clear()
+    rendered = await _prepare(ctx, first, _rows(0, ["fay"]), beats)
+    assert rendered.to_generate == 1 and beats == []
 
 
 async def test_a_lead_registering_took_is_waited_for_only_until_it_is_stale(

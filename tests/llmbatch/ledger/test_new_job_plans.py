@@ -154,6 +154,8 @@ async def test_a_new_jobs_statements_stay_linear(
     )
     await linear(SHARD0, ledger.items.register_items(conn, job_id=job, shard=0, items=first))
     assert await conn.fetchval("SELECT count(*) FROM dedup_leads WHERE job_id = $1", job) == KEYS
+    # A shard that found no lead asks whether the shards before it registered.
+    assert await linear(1, ledger.jobs.shards_unregistered(conn, job_id=job, before=2)) == 1
     await linear(FOLLOWERS, ledger.items.register_items(conn, job_id=job, shard=1, items=second))
     owner = "gpu#1"
     claimed = await linear(
