@@ -154,6 +154,15 @@ async def test_a_new_jobs_statements_stay_linear(
     )
     await linear(SHARD0, ledger.items.register_items(conn, job_id=job, shard=0, items=first))
     assert await conn.fetchval("SELECT count(*) FROM dedup_leads WHERE job_id = $1", job) == KEYS
+    # Shard 1, rendered, polls the leads registering took (a waiting shard's poll).
+    waiting = await linear(
+        KEYS,
+        leads.lead_progress(conn, job_id=job, shard=1, request_keys=keys, stale_after_s=60),
+    )
+    assert waiting.worth_waiting
+    # Shard 0's generate attempt looks its requests' leads up before it takes them.
+    current = await linear(KEYS, leads.leads(conn, job_id=job, request_keys=keys))
+    assert len(current) == KEYS
     # A shard that found no lead asks whether the shards before it registered.
     assert await linear(1, ledger.jobs.shards_unregistered(conn, job_id=job, before=2)) == 1
     await linear(FOLLOWERS, ledger.items.register_items(conn, job_id=job, shard=1, items=second))
