@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -346,8 +346,6 @@ async def wait_for_leads(
     and is looked at again. ``beat`` heartbeats the step while it waits.
     """
     started = time.monotonic()
-    pause = PREPARE_POLL_FIRST_SECONDS
-    polls = 0
 
     async def look() -> leads.LeadProgress:
         return await leads.lead_progress(
@@ -361,12 +359,15 @@ async def wait_for_leads(
         progress = await look()
         if not (progress.worth_waiting or progress.all_answered):
             return False
-    while progress.worth_waiting and time.monotonic() - started + pause <= limit_s:
-        polls += 1
-        beat()
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, PREPARE_POLL_MAX_SECONDS)
+
+    async def answered() -> bool:
+        nonlocal progress
         progress = await look()
+        return not progress.worth_waiting
+
+    polls = 0
+    if progress.worth_waiting:
+        polls = await _poll_until(answered, beat=beat, deadline=started + limit_s)
     if polls:
         log.info(
             "shard %d of %s waited %.2f s for other shards' leads: %d of %d answered",
@@ -385,16 +386,14 @@ async def _earlier_shards_registered(
     """Wait (heartbeating) until the job's planned shards before ``shard`` have all
     registered, or :data:`EARLIER_SHARDS_WAIT_SECONDS`; whether any had not when
     asked (so their leads are worth another look)."""
-    if not await jobs.shards_unregistered(pool, job_id=job_id, before=shard):
+
+    async def registered() -> bool:
+        return not await jobs.shards_unregistered(pool, job_id=job_id, before=shard)
+
+    if await registered():
         return False
     started = time.monotonic()
-    pause = PREPARE_POLL_FIRST_SECONDS
-    while time.monotonic() - started + pause <= EARLIER_SHARDS_WAIT_SECONDS:
-        beat()
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, PREPARE_POLL_MAX_SECONDS)
-        if not await jobs.shards_unregistered(pool, job_id=job_id, before=shard):
-            break
+    await _poll_until(registered, beat=beat, deadline=started + EARLIER_SHARDS_WAIT_SECONDS)
     log.info(
         "shard %d of %s waited %.2f s for the job's earlier shards to register",
         shard,
@@ -402,3 +401,21 @@ async def _earlier_shards_registered(
         time.monotonic() - started,
     )
     return True
+
+
+async def _poll_until(
+    done: Callable[[], Awaitable[bool]], *, beat: Callable[[], None], deadline: float
+) -> int:
+    """Ask ``done`` after PREPARE_POLL_FIRST_SECONDS, then at most every
+    PREPARE_POLL_MAX_SECONDS, heartbeating before each pause, until it says so or the
+    next pause would pass ``deadline`` (monotonic); return how many times it asked."""
+    pause = PREPARE_POLL_FIRST_SECONDS
+    polls = 0
+    while time.monotonic() + pause <= deadline:
+        polls += 1
+        beat()
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, PREPARE_POLL_MAX_SECONDS)
+        if await done():
+            break
+    return polls
