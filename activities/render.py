@@ -304,6 +304,8 @@ def _render(
     # Lines asking the same sampling share one object (openai_batch.parse), so whether
     # it is the job's own is worked out once per object, not once per row.
     samplings: dict[bytes, SamplingSpec] = {}
+    # And lines repeating a body share what it parsed to (openai_batch.parse).
+    bodies: dict[bytes, openai_batch.ParsedRequest] = {}
     own: dict[int, tuple[SamplingSpec, bool]] = {}
 
     def staged_sampling(sampling: SamplingSpec) -> SamplingSpec | None:
@@ -341,6 +343,7 @@ def _render(
                     model=spec.model,
                     endpoint=spec.endpoint,
                     samplings=samplings,
+                    bodies=bodies,
                 )
             except openai_batch.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
@@ -433,22 +436,42 @@ def _hashes(
 ) -> list[tuple[StagedRow, str | None]]:
     # The dedup key (llmbatch.dedup.request_key): what decides the request's result.
     out: list[tuple[StagedRow, str | None]] = []
+    # (messages, sampling) objects -> their key. Rows repeating a line's body share
+    # its messages and sampling objects (_render), so a repeat's key is found, not
+    # hashed again; the requests hold the objects, so their ids are not reused here.
+    keys: dict[tuple[int, int], str] = {}
     for row in rows:
         request = requests.get(row.item_id)
         if request is None:
             out.append((row, None))
+            continue
+        sampling = request.effective_sampling(spec)
+        chat = request.messages is not None and request.prompt is None
+        shared = (
+            (id(request.messages), id(sampling))
+            if chat
+            and request.prompt_token_ids is None
+            and not (request.texts or request.token_ids)
+            else None
+        )
+        known = keys.get(shared) if shared is not None else None
+        if known is not None:
+            request.key = known
+            out.append((row, known))
             continue
         key = request_key(
             model=spec.model,
             messages=request.messages,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
-            sampling=request.effective_sampling(spec),
+            sampling=sampling,
             texts=request.texts,
             token_ids=request.token_ids,
             embedding=request.embedding
             or (spec.embed_options if request.texts or request.token_ids else None),
         )
         request.key = key  # staged with the request: generate groups by it
+        if shared is not None:
+            keys[shared] = key
         out.append((row, key))
     return out

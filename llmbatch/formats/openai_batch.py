@@ -117,6 +117,7 @@ def parse(
     model: str,
     endpoint: ApiEndpoint = ApiEndpoint.CHAT_COMPLETIONS,
     samplings: dict[bytes, SamplingSpec] | None = None,
+    bodies: dict[bytes, ParsedRequest] | None = None,
 ) -> ParsedRequest:
     """Map one batch line of a job on ``model`` whose requests go to ``endpoint``
     (a plain job's: chat completions) to a request; raise InvalidRequest.
@@ -134,8 +135,51 @@ def parse(
     ``samplings``, kept by a caller across the lines of one file with the same
     ``defaults``, holds the sampling of each set of sampling fields seen: lines that
     ask the same get the same (unchanged) object, validated once.
+
+    ``bodies``, kept the same way (same ``defaults``, ``model`` and ``endpoint``),
+    holds what each body seen parsed to: a line repeating an earlier line's body (the
+    repeats deduplication is for) gets its messages and sampling objects again without
+    parsing them again, and those shared objects let its request key be found again
+    too (:func:`llmbatch.dedup.keys.request_key`'s callers).
     """
     custom_id, body = _line(line, endpoint)
+    if bodies is None:
+        return _parse_body(custom_id, body, defaults, model, endpoint, samplings)
+    seen = _body_key(body)
+    if seen is None:
+        return _parse_body(custom_id, body, defaults, model, endpoint, samplings)
+    earlier = bodies.get(seen)
+    if earlier is None:
+        earlier = bodies[seen] = _parse_body("", body, defaults, model, endpoint, samplings)
+    return ParsedRequest(
+        custom_id=custom_id,
+        sampling=earlier.sampling,
+        messages=earlier.messages,
+        prompt=earlier.prompt,
+        prompt_token_ids=earlier.prompt_token_ids,
+    )
+
+
+def _body_key(body: dict[str, Any]) -> bytes | None:
+    """The bytes that tell a body from every body that parses differently; None when
+    there are none to be had cheaply. msgspec writes NaN and infinities as null (as
+    json would not read them back): a body with a null in its text gets no key."""
+    try:
+        key = _json(body)
+    except (TypeError, ValueError, OverflowError):  # not plain JSON values
+        return None
+    return None if b"null" in key else key
+
+
+def _parse_body(
+    custom_id: str,
+    body: dict[str, Any],
+    defaults: SamplingSpec,
+    model: str,
+    endpoint: ApiEndpoint,
+    samplings: dict[bytes, SamplingSpec] | None,
+) -> ParsedRequest:
+    """:func:`parse` of a line's body, once its ``custom_id`` and ``body`` are known."""
     _check_model(body.get("model"), model)
     completions = endpoint is ApiEndpoint.COMPLETIONS
     _check_parameters(body)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from activities.render import _render, _templated
+from activities.render import _hashes, _render, _templated
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
 from llmbatch.formats.openai_batch import CHAT_COMPLETIONS_URL
 from llmbatch.formats.records import StagedRow
@@ -68,3 +69,49 @@ def test_a_redrive_overrides_an_openai_requests_own_sampling() -> None:
     sampling = requests["c1"].sampling
     assert sampling is not None
     assert (sampling.max_tokens, sampling.temperature) == (5, 0.7)
+
+
+def test_lines_repeating_a_body_share_its_parse_and_key_and_get_what_each_gets_alone() -> None:
+    spec = SPEC.model_copy(update={"messages": None, "sampling": SamplingSpec()})
+    messages = [{"role": "user", "content": "hi"}]
+    bodies: list[dict[str, Any]] = [
+        {"messages": messages, "temperature": 0.5},
+        {"temperature": 0.5, "messages": messages},  # the same request, in another order
+        {"messages": messages, "temperature": 0.7},
+        {"messages": messages, "temperature": None},
+        # msgspec writes NaN as null: told apart from the body before all the same.
+        {"messages": messages, "temperature": float("nan")},
+        {"messages": [{"role": "user"}]},  # dead, each time
+    ]
+    rows = [
+        row(
+            f"c{i}",
+            {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": CHAT_COMPLETIONS_URL,
+                "body": copy.deepcopy(bodies[i % len(bodies)]),
+            },
+        )
+        for i in range(3 * len(bodies))
+    ]
+
+    def outcome(
+        rows: list[StagedRow],
+    ) -> tuple[dict[str, Any], dict[str, str | None], dict[str, str]]:
+        requests, dead = _render(spec, InputFormat.OPENAI, rows, shard=0, overrides={}, rendered={})
+        keys = {r.item_id: key for r, key in _hashes(spec, rows, requests)}
+        return requests, keys, {d.item_id: d.error_message for d in dead}
+
+    together, keys, dead = outcome(rows)
+    for r in rows:
+        alone, alone_keys, alone_dead = outcome([r])
+        assert keys[r.item_id] == alone_keys[r.item_id]
+        assert dead.get(r.item_id) == alone_dead.get(r.item_id)
+        if r.item_id in alone:
+            mine, its = together[r.item_id], alone[r.item_id]
+            assert (mine.messages, mine.sampling, mine.key) == (its.messages, its.sampling, its.key)
+    assert sorted(dead) == ["c10", "c11", "c16", "c17", "c4", "c5"]  # NaN's and no text's
+    assert keys["c0"] == keys["c1"] != keys["c2"]
+    # A repeat got its body's parse, not one of its own (c6 repeats c0's body).
+    assert together["c6"].messages is together["c0"].messages
