@@ -143,10 +143,8 @@ def parse(
     too (:func:`llmbatch.dedup.keys.request_key`'s callers).
     """
     custom_id, body = _line(line, endpoint)
-    if bodies is None:
-        return _parse_body(custom_id, body, defaults, model, endpoint, samplings)
-    seen = _body_key(body)
-    if seen is None:
+    seen = None if bodies is None else _body_key(body)
+    if bodies is None or seen is None:
         return _parse_body(custom_id, body, defaults, model, endpoint, samplings)
     earlier = bodies.get(seen)
     if earlier is None:
