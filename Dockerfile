@@ -12,7 +12,7 @@ FROM python:3.11.13-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY llmbatch ./llmbatch
 COPY workflows ./workflows
 COPY activities ./activities

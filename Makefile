@@ -23,7 +23,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy llmbatch workflows activities workers tests benchmarks
+	$(VENV)/bin/mypy llmbatch tests benchmarks
 
 # The docs site on http://127.0.0.1:8000, rebuilt as pages change. `llm-batch dev up`
 # puts the OpenAI Batch API on 8000 when it is free: then `make docs DOCS_ADDR=127.0.0.1:8001`.

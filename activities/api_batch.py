@@ -17,8 +17,8 @@ from typing import IO, Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ActivityContext
 from llmbatch import formats, ledger
+from llmbatch.activities.context import ActivityContext
 from llmbatch.contract.messages import (
     ApiBatchEndInput,
     ApiBatchFiles,

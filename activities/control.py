@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.context import ActivityContext
 from llmbatch import ledger
+from llmbatch.activities.context import ActivityContext
 from llmbatch.contract.messages import JobPausedInput
 from llmbatch.contract.names import SET_JOB_PAUSED
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.context import ActivityContext
 from llmbatch import ledger, telemetry
+from llmbatch.activities.context import ActivityContext
 from llmbatch.client import dead_letters as dead_letter_client
 from llmbatch.contract.dead_letters import (
     FailShardInput,

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ActivityContext
 from llmbatch import formats, telemetry
+from llmbatch.activities.context import ActivityContext
 from llmbatch.config import Settings
 from llmbatch.contract.messages import FetchResult, ShardInput
 from llmbatch.contract.names import FETCH_SHARD

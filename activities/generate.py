@@ -25,10 +25,10 @@ from opentelemetry.trace import Span
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ActivityContext
-from activities.drain import Drain, drained, finish_before_cancel, unless_draining, watch
-from activities.heartbeat import heartbeat_interval
 from llmbatch import ledger, telemetry
+from llmbatch.activities.context import ActivityContext
+from llmbatch.activities.drain import Drain, drained, finish_before_cancel, unless_draining, watch
+from llmbatch.activities.heartbeat import heartbeat_interval
 from llmbatch.contract.messages import GenerateProgress, GenerateResult, ShardInput
 from llmbatch.contract.names import GENERATE, model_identity
 from llmbatch.contract.spec import JobSpec, Task

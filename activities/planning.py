@@ -11,8 +11,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ActivityContext
 from llmbatch import ledger, storage
+from llmbatch.activities.context import ActivityContext
 from llmbatch.contract.messages import (
     FinalizeInput,
     JobEndInput,

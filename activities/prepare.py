@@ -4,7 +4,7 @@ writing its output part too when nothing is left to generate.
 One activity instead of two (``fetch_shard``, then ``render_prompts``) saves each
 shard a Temporal activity and the round trip of its staged rows through the object
 store: the rows are rendered where they were read. They are still staged when the
-write step puts their fields into the output (:func:`activities.write.reads_staged_rows`),
+write step puts their fields into the output (:func:`llmbatch.activities.write.reads_staged_rows`),
 before anything is registered, so a retry finds them as a first attempt left them.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.context import ActivityContext
-from activities.fetch import read_shard_rows
-from activities.render import render_and_register
-from activities.write import reads_staged_rows, write_part
+from llmbatch.activities.context import ActivityContext
+from llmbatch.activities.fetch import read_shard_rows
+from llmbatch.activities.render import render_and_register
+from llmbatch.activities.write import reads_staged_rows, write_part
 from llmbatch.contract.messages import PrepareResult, ShardInput
 from llmbatch.contract.names import PREPARE_SHARD
 from llmbatch.formats.records import dump_jsonl

@@ -3,7 +3,7 @@
 Each activity is short: ``submit`` writes, uploads and creates (or finds) the shard's
 provider batch and records its ids; ``check`` reads its status once; ``collect``
 records its answers in the ledger; ``give_up`` dead-letters what it left; ``cancel``
-cancels it. The waiting in between is :mod:`workflows.provider_batch`'s timers.
+cancels it. The waiting in between is :mod:`llmbatch.workflows.provider_batch`'s timers.
 
 Items are claimed under a lease per submission (:func:`llmbatch.provider.book.lease_of`)
 and answers land only while it holds them, through the generate step's
@@ -23,8 +23,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.context import ActivityContext
 from llmbatch import ledger
+from llmbatch.activities.context import ActivityContext
 from llmbatch.contract.messages import GenerateProgress, ShardInput
 from llmbatch.contract.provider import (
     PROVIDER_CANCEL,

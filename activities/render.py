@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 from temporalio import activity
 
-from activities.context import ActivityContext
 from llmbatch import ledger, telemetry
+from llmbatch.activities.context import ActivityContext
 from llmbatch.contract.messages import RenderResult, ShardInput
 from llmbatch.contract.names import RENDER_PROMPTS
 from llmbatch.contract.spec import InputFormat, JobSpec, SamplingSpec, Task

@@ -10,8 +10,8 @@ import pyarrow as pa
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ActivityContext
 from llmbatch import formats, ledger, storage, telemetry
+from llmbatch.activities.context import ActivityContext
 from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task

@@ -34,16 +34,16 @@ from pathlib import Path
 import msgspec
 from peer import chat_lines
 
-from activities.fetch import _read_rows
-from activities.render import _new_items, _render
-from activities.write import _openai_lines
+from llmbatch.activities.fetch import _read_rows
+from llmbatch.activities.render import _new_items, _render
+from llmbatch.activities.write import _openai_lines
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ItemStatus, ResultSource
 from llmbatch.formats.shards import ShardPlan
 from llmbatch.ledger.items import LedgerRow
 from llmbatch.storage.stores import open_store
-from workers.startup import GC_THRESHOLDS
+from llmbatch.workers.startup import GC_THRESHOLDS
 
 # A model given as a path, as the benchmarks' tiny model is (its name is then hashed).
 MODEL = "/models/tiny-llama"

@@ -19,7 +19,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # PYTHONDONTWRITEBYTECODE is set and no bytecode exists it compiled their source each
 # time (a twelfth of the CPU worker's time on a cached 1,000-row job). Only changed
 # files are compiled again, so this runs before every target.
-"$VENV/bin/python" -m compileall -q llmbatch workflows activities workers >/dev/null
+"$VENV/bin/python" -m compileall -q llmbatch >/dev/null
 
 # Every make target runs this first: when neither the dependencies, this script nor
 # the extra changed since the last install that finished, there is nothing to do (pip

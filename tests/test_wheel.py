@@ -164,17 +164,32 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 def test_the_wheel_carries_the_migrations_and_no_tests(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
-    sql = {f"migrations/{p.name}" for p in (ROOT / "migrations").glob("*.sql")}
+    sql = {f"llmbatch/migrations/{p.name}" for p in (ROOT / "migrations").glob("*.sql")}
     assert sql and sql <= names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "deploy/"))]
+
+
+def test_site_packages_gains_one_import_name(installed: Installed) -> None:
+    """``llmbatch`` and nothing else: a user's own ``workflows`` or ``workers`` package
+    (common names in Temporal projects) must not collide with ours."""
+    names = zipfile.ZipFile(installed.wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"llmbatch"}
+    added = {e.name for e in installed.site_packages.iterdir()} - {
+        "shared-site-packages.pth",
+        "__pycache__",
+    }
+    assert {n for n in added if not n.endswith(".dist-info")} == {"llmbatch"}
 
 
 def test_every_import_resolves_to_the_installed_wheel(installed: Installed) -> None:
     """Not the checkout, not the editable install; the workers' modules import too."""
     probe = (
-        "import json, llmbatch, migrations, activities, workflows, workers.cpu, workers.gpu\n"
+        "import json, llmbatch, llmbatch.migrations, llmbatch.activities, llmbatch.workflows\n"
+        "import llmbatch.workers.cpu, llmbatch.workers.gpu\n"
         "from llmbatch.ledger.migrate import packaged_migrations\n"
-        "mods = [llmbatch, migrations, activities, workflows, workers.cpu, workers.gpu]\n"
+        "m = llmbatch\n"
+        "mods = [m, m.migrations, m.activities, m.workflows, m.workers.cpu, m.workers.gpu]\n"
         "print(json.dumps([m.__file__ for m in mods] + [str(packaged_migrations())]))\n"
     )
     result = installed.run("python", "-c", probe)

@@ -10,29 +10,29 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.api_batch import ApiBatchActivities
-from activities.context import ActivityContext
-from activities.control import ControlActivities
-from activities.dead_letters import DeadLetterActivities
-from activities.drain import Drain
-from activities.fetch import FetchActivities
-from activities.planning import PlanningActivities
-from activities.prepare import PrepareActivities
-from activities.provider_batch import ProviderBatchActivities
-from activities.render import RenderActivities
-from activities.write import WriteActivities
 from llmbatch import ledger, telemetry
+from llmbatch.activities.api_batch import ApiBatchActivities
+from llmbatch.activities.context import ActivityContext
+from llmbatch.activities.control import ControlActivities
+from llmbatch.activities.dead_letters import DeadLetterActivities
+from llmbatch.activities.drain import Drain
+from llmbatch.activities.fetch import FetchActivities
+from llmbatch.activities.planning import PlanningActivities
+from llmbatch.activities.prepare import PrepareActivities
+from llmbatch.activities.provider_batch import ProviderBatchActivities
+from llmbatch.activities.render import RenderActivities
+from llmbatch.activities.write import WriteActivities
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
-from workers.heartbeat import HEARTBEAT_THROTTLE, BackgroundHeartbeatInterceptor
-from workers.preflight import check_services
-from workers.queues import export_gauges
-from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
-from workers.startup import tune_garbage_collector
-from workflows.batch_job import BatchJobWorkflow
-from workflows.dead_letter import DeadLetterWorkflow
-from workflows.provider_batch import ProviderBatchWorkflow
-from workflows.shard import ShardWorkflow
+from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE, BackgroundHeartbeatInterceptor
+from llmbatch.workers.preflight import check_services
+from llmbatch.workers.queues import export_gauges
+from llmbatch.workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+from llmbatch.workers.startup import tune_garbage_collector
+from llmbatch.workflows.batch_job import BatchJobWorkflow
+from llmbatch.workflows.dead_letter import DeadLetterWorkflow
+from llmbatch.workflows.provider_batch import ProviderBatchWorkflow
+from llmbatch.workflows.shard import ShardWorkflow
 
 
 def build_cpu_worker(

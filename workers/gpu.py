@@ -23,19 +23,25 @@ import psutil
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.context import ActivityContext
-from activities.drain import Drain
-from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
+from llmbatch.activities.context import ActivityContext
+from llmbatch.activities.drain import Drain
+from llmbatch.activities.generate import GenerateActivities
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
 from llmbatch.engine.options import EngineOptions
 from llmbatch.engine.vllm_engine import Engine
-from workers.heartbeat import HEARTBEAT_THROTTLE
-from workers.preflight import check_services
-from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
-from workers.startup import ColdStart, advertise, clear_ready, mark_ready, tune_garbage_collector
+from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE
+from llmbatch.workers.preflight import check_services
+from llmbatch.workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+from llmbatch.workers.startup import (
+    ColdStart,
+    advertise,
+    clear_ready,
+    mark_ready,
+    tune_garbage_collector,
+)
 
 log = logging.getLogger(__name__)
 

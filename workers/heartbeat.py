@@ -20,8 +20,8 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from activities.heartbeat import BEATS_PER_TIMEOUT, heartbeat_interval
-from workflows.options import HEARTBEAT_TIMEOUT
+from llmbatch.activities.heartbeat import BEATS_PER_TIMEOUT, heartbeat_interval
+from llmbatch.workflows.options import HEARTBEAT_TIMEOUT
 
 # Every worker's ``max_heartbeat_throttle_interval``. The SDK sends an activity's
 # heartbeats at most once per throttle interval, by default 0.8 of its heartbeat

@@ -23,7 +23,7 @@ from llmbatch.client.temporal import TemporalUnavailable, connect_to, connection
 from llmbatch.config import Settings, redact
 from llmbatch.ledger.migrate import MigrationError, load_migrations
 from llmbatch.security.connection import explain_connect_error
-from workers.shutdown import one_line
+from llmbatch.workers.shutdown import one_line
 
 # Each check gives up after this long: a service that does not answer within it is
 # as good as absent for a worker that is starting. A refused connection fails at

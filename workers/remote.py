@@ -19,20 +19,20 @@ from collections.abc import Sequence
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.context import ActivityContext
-from activities.drain import Drain
-from activities.generate import GenerateActivities
 from llmbatch import ledger, telemetry
+from llmbatch.activities.context import ActivityContext
+from llmbatch.activities.drain import Drain
+from llmbatch.activities.generate import GenerateActivities
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
 from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
 from llmbatch.remote.pause import pause_workflow
-from workers.heartbeat import HEARTBEAT_THROTTLE
-from workers.preflight import check_services
-from workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
-from workers.startup import advertise
+from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE
+from llmbatch.workers.preflight import check_services
+from llmbatch.workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+from llmbatch.workers.startup import advertise
 
 log = logging.getLogger(__name__)
 

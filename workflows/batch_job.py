@@ -71,7 +71,7 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.spec import JOB_ID_PATTERN, JobSpec
     from llmbatch.contract.states import BatchStatus, FailureType, JobState
 
-from workflows import options
+from llmbatch.workflows import options
 
 _ShardHandle = workflow.ChildWorkflowHandle[Any, ShardSummary]
 

@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from llmbatch.contract.states import ErrorClass, FailureType
 
-from workflows import options
+from llmbatch.workflows import options
 
 # The list a query answers stays below this many entries (every item is counted, and
 # the error files next to the output hold them all): the workflow's state must fit in

@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from llmbatch.contract.states import BatchStatus, ErrorClass
 
-from workflows import options
+from llmbatch.workflows import options
 
 # Status checks: the first soon after creation (small batches finish in seconds), then
 # every tenth of the batch's age, never more often than FIRST_CHECK nor less often

@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from llmbatch.contract.spec import EndpointVia
     from llmbatch.contract.states import ErrorClass, FailureType
 
-from workflows import options
+from llmbatch.workflows import options
 
 
 @workflow.defn(name=SHARD_WORKFLOW)

@@ -2,13 +2,14 @@
 anything is sent.
 
 The job's rows are read, staged and rendered by the very functions its shards use
-(``activities.fetch.read_staged_rows``, ``activities.render.render_rows``), grouped
-as its generate steps group them (in-job deduplication, across all its shards), and
-the distinct requests the result cache holds are left out (looked at, not counted as
-hits). What is left is what the endpoint would be sent: its prompt tokens counted as
-the remote worker counts them for the rate budget (:mod:`llmbatch.remote.tokens`),
-and at most ``max_tokens`` completion tokens each, priced at the endpoint's prices.
-No workflow starts, nothing is written, no request is sent.
+(``llmbatch.activities.fetch.read_staged_rows``,
+``llmbatch.activities.render.render_rows``), grouped as its generate steps group them
+(in-job deduplication, across all its shards), and the distinct requests the result
+cache holds are left out (looked at, not counted as hits). What is left is what the
+endpoint would be sent: its prompt tokens counted as the remote worker counts them for
+the rate budget (:mod:`llmbatch.remote.tokens`), and at most ``max_tokens`` completion
+tokens each, priced at the endpoint's prices. No workflow starts, nothing is written, no
+request is sent.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, dataclass
 
-from activities.fetch import read_staged_rows
-from activities.render import render_rows
 from llmbatch import ledger, storage
+from llmbatch.activities.fetch import read_staged_rows
+from llmbatch.activities.render import render_rows
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.dedup import result_cache

@@ -14,7 +14,7 @@ from llmbatch.client.queues import QueueBacklog
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.progress import format_duration
-from workers.queues import read_queues
+from llmbatch.workers.queues import read_queues
 
 
 def queues(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:

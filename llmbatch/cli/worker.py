@@ -56,9 +56,9 @@ def _settings(drain_timeout: float | None) -> Settings:
 def cpu(drain_timeout: DrainTimeout = None) -> None:
     """Run the workflows and the CPU activities (read, render, write)."""
     runs_temporal_client()
-    from workers import cpu as cpu_worker
-    from workers.preflight import StartupCheckFailed
-    from workers.shutdown import ConnectionLost
+    from llmbatch.workers import cpu as cpu_worker
+    from llmbatch.workers.preflight import StartupCheckFailed
+    from llmbatch.workers.shutdown import ConnectionLost
 
     try:
         cpu_worker.main(_settings(drain_timeout))
@@ -115,8 +115,8 @@ def gpu(
 
     Engine options are vLLM's own engine arguments, given with the options here.
     """
-    from workers.preflight import StartupCheckFailed, check_now
-    from workers.shutdown import ConnectionLost
+    from llmbatch.workers.preflight import StartupCheckFailed, check_now
+    from llmbatch.workers.shutdown import ConnectionLost
 
     runs_temporal_client()
     settings = _settings(drain_timeout)
@@ -136,7 +136,7 @@ def gpu(
         raise fail(str(exc)) from None
 
     from llmbatch.engine.cpu import EngineMemoryError
-    from workers import gpu as gpu_worker
+    from llmbatch.workers import gpu as gpu_worker
 
     try:
         gpu_worker.main(
@@ -175,9 +175,9 @@ def remote(
     """
     from llmbatch.engine.errors import EndpointRefusedError
     from llmbatch.remote.endpoints import EndpointError
-    from workers import remote as remote_worker
-    from workers.preflight import StartupCheckFailed, check_now
-    from workers.shutdown import ConnectionLost
+    from llmbatch.workers import remote as remote_worker
+    from llmbatch.workers.preflight import StartupCheckFailed, check_now
+    from llmbatch.workers.shutdown import ConnectionLost
 
     runs_temporal_client()
     settings = _settings(drain_timeout)

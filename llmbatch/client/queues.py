@@ -6,7 +6,7 @@ activity tasks nobody has taken yet, but read 0 while a long ``generate`` runs a
 reset when an idle queue partition unloads; the ledger
 (:mod:`llmbatch.ledger.backlog`) counts every unfinished item of the queue's model
 and task, queued or in a worker's hands. ``llm-batch queues`` prints both, the CPU
-worker exports them as gauges (``workers.queues``), KEDA scales on both (deploy/k8s).
+worker exports them as gauges (``llmbatch.workers.queues``), KEDA scales on both (deploy/k8s).
 
 An engine queue is known when a GPU worker served it once (``served_models``) or a
 running job names its model and task: a queue with zero workers is a normal state.

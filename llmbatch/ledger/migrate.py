@@ -5,7 +5,7 @@ with its sha256; running twice is a no-op, and an applied file whose content
 changed is refused. A session advisory lock keeps two processes that start at
 once from racing: the second waits, then finds nothing left to do.
 
-The files ship inside the installed package (the top-level ``migrations`` package's
+The files ship inside the installed package (the ``llmbatch.migrations`` package's
 data) and are read through :mod:`importlib.resources`, so a wheel installed anywhere
 finds them without the source tree; a folder of one's own may be given instead.
 """
@@ -55,18 +55,17 @@ def packaged_migrations() -> Traversable:
     """The migrations shipped with llm-batch: a source checkout's ``migrations/`` folder,
     or the copy inside an installed wheel."""
     try:
-        found = importlib.resources.files("migrations")
+        found = importlib.resources.files("llmbatch.migrations")
     except ImportError as exc:
         # E.g. an editable install made before migrations/ became a package.
         raise MigrationError(
             f"llm-batch's migrations are not installed ({exc}); reinstall llm-batch"
         ) from None
-    # Another project's "migrations" package earlier on sys.path would hold no SQL of
-    # ours; applying "nothing" from it would pass for an up-to-date schema.
+    # A checkout whose editable install predates the SQL files would hold none;
+    # applying "nothing" from it would pass for an up-to-date schema.
     if not (found / _FIRST).is_file():
         raise MigrationError(
-            f"the 'migrations' package at {found} is not llm-batch's (no {_FIRST}); "
-            "another package of that name shadows it"
+            f"the 'llmbatch.migrations' package at {found} holds no {_FIRST}; reinstall llm-batch"
         )
     return found
 

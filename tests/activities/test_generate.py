@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from activities.context import ActivityContext
 from llmbatch import ledger
+from llmbatch.activities.context import ActivityContext
 from llmbatch.config import Settings
 from llmbatch.contract.messages import GenerateProgress, JobLayout, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec

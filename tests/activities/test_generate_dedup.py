@@ -27,9 +27,9 @@ from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
 from llmbatch.devstack.tiny_model import build_tiny_model
 from llmbatch.ledger import served_models
+from llmbatch.workflows.shard import ShardWorkflow
 from tests.fixtures.replay import replayer
 from tests.fixtures.worker_processes import gpu_worker_process, stop_worker
-from workflows.shard import ShardWorkflow
 
 if TYPE_CHECKING:
     from llmbatch.engine.vllm_engine import Engine

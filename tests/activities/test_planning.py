@@ -16,16 +16,16 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.context import ActivityContext
-from activities.planning import PlanningActivities
 from llmbatch import ledger
+from llmbatch.activities.context import ActivityContext
+from llmbatch.activities.planning import PlanningActivities
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.messages import FinalizeInput, JobLayout, JobSummary
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec
 from llmbatch.contract.states import FailureType, JobState
-from workers.cpu import cpu_worker
+from llmbatch.workers.cpu import cpu_worker
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from activities.render import _hashes, _render, _templated
+from llmbatch.activities.render import _hashes, _render, _templated
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
 from llmbatch.formats.openai_batch import CHAT_COMPLETIONS_URL
 from llmbatch.formats.records import StagedRow

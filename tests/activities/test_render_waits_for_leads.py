@@ -17,9 +17,9 @@ import asyncpg
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.context import ActivityContext
-from activities.render import render_and_register
 from llmbatch import ledger
+from llmbatch.activities.context import ActivityContext
+from llmbatch.activities.render import render_and_register
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobLayout, RenderResult, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec

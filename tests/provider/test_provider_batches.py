@@ -17,7 +17,7 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
-import activities.provider_batch as provider_activities
+import llmbatch.activities.provider_batch as provider_activities
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import EndpointVia, JobSpec, SamplingSpec

@@ -17,7 +17,7 @@ import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 
-import activities.provider_batch as provider_activities
+import llmbatch.activities.provider_batch as provider_activities
 from llmbatch.client.temporal import start_job
 from llmbatch.contract.provider import PROVIDER_COLLECT
 from llmbatch.contract.spec import EndpointVia

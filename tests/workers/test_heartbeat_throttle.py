@@ -17,9 +17,9 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.heartbeat import heartbeat_interval
-from workers.heartbeat import HEARTBEAT_THROTTLE
-from workflows.options import HEARTBEAT_TIMEOUT
+from llmbatch.activities.heartbeat import heartbeat_interval
+from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE
+from llmbatch.workflows.options import HEARTBEAT_TIMEOUT
 
 RUN_S = 14.0
 

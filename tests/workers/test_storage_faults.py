@@ -24,10 +24,10 @@ from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec, SamplingSpec
 from llmbatch.engine.vllm_engine import Engine
+from llmbatch.workers.cpu import cpu_worker
+from llmbatch.workers.gpu import gpu_worker
 from tests.fixtures.s3_faults import FaultInjectingS3Proxy
 from tests.fixtures.worker_processes import items_by_id, job_result
-from workers.cpu import cpu_worker
-from workers.gpu import gpu_worker
 
 pytestmark = pytest.mark.slow
 

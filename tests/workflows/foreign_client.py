@@ -54,9 +54,7 @@ def main(argv: list[str]) -> int:
         while cause.__cause__ is not None:
             cause = cause.__cause__
         outcome = {"error": str(cause)}
-    outcome["llmbatch_modules"] = sorted(
-        m for m in sys.modules if m.split(".")[0] in {"llmbatch", "workflows", "activities"}
-    )
+    outcome["llmbatch_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "llmbatch")
     print(json.dumps(outcome))
     return 0
 

@@ -23,10 +23,10 @@ from llmbatch.contract.names import PAUSE_UPDATE
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec
 from llmbatch.contract.states import BatchStatus, ItemStatus, JobState
 from llmbatch.ledger import api_layout
+from llmbatch.workflows.batch_job import BatchJobWorkflow
 from tests.fixtures.replay import replayer
 from tests.llmbatch.cli.test_control import eventually
 from tests.llmbatch.cli.test_jobs import cli
-from workflows.batch_job import BatchJobWorkflow
 
 pytestmark = pytest.mark.slow
 

@@ -24,9 +24,9 @@ from llmbatch.contract import search_attributes
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, OutputFormat, SamplingSpec
 from llmbatch.contract.states import FailureType
+from llmbatch.workflows.batch_job import BatchJobWorkflow
+from llmbatch.workflows.shard import ShardWorkflow
 from tests.fixtures.replay import replayer
-from workflows.batch_job import BatchJobWorkflow
-from workflows.shard import ShardWorkflow
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec
 from llmbatch.contract.states import JobState
-from workers.cpu import cpu_worker
+from llmbatch.workers.cpu import cpu_worker
 
 ROWS = 5
 GUARD_S = 120.0

@@ -17,9 +17,9 @@ from temporalio.client import WorkflowExecutionStatus
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.engine.vllm_engine import Engine
+from llmbatch.workers.cpu import cpu_worker
+from llmbatch.workers.gpu import gpu_worker
 from tests.fixtures.small_history import one_row_shard_job, small_history_env
-from workers.cpu import cpu_worker
-from workers.gpu import gpu_worker
 
 pytestmark = pytest.mark.slow
 

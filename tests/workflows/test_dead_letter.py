@@ -17,11 +17,11 @@ from llmbatch.config import Settings
 from llmbatch.contract.dead_letters import DeadLetterView
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import dead_letter_workflow_id
+from llmbatch.workflows.dead_letter import DeadLetterWorkflow
+from llmbatch.workflows.shard import ShardWorkflow
 from tests.fixtures.replay import replayer
 from tests.llmbatch.cli.test_jobs import cli
 from tests.workflows.test_batch_job import LABELS, classify, ledger_counts, output_rows, run
-from workflows.dead_letter import DeadLetterWorkflow
-from workflows.shard import ShardWorkflow
 
 pytestmark = pytest.mark.slow
 

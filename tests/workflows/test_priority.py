@@ -28,9 +28,9 @@ from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress
 from llmbatch.contract.names import GENERATE, PROGRESS_QUERY, shard_workflow_id
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
+from llmbatch.workers.cpu import cpu_worker
 from tests.fixtures.worker_processes import job_result
 from tests.llmbatch.cli.test_jobs import cli
-from workers.cpu import cpu_worker
 
 if TYPE_CHECKING:  # vLLM takes ~15 s to import: only tests that use the engine pay
     from llmbatch.engine.vllm_engine import Engine
@@ -56,7 +56,7 @@ async def _one_gpu_worker(
 ) -> AsyncIterator[Settings]:
     """A CPU worker and a GPU worker that runs one shard at a time (on the session's
     engine), on task queues of their own; yields the settings jobs start with."""
-    from workers.gpu import gpu_worker
+    from llmbatch.workers.gpu import gpu_worker
 
     name = f"prio-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(

@@ -37,13 +37,13 @@ from llmbatch.contract.names import (
 )
 from llmbatch.contract.states import ErrorClass
 from llmbatch.engine.vllm_engine import Engine
+from llmbatch.workers.cpu import cpu_worker
+from llmbatch.workers.gpu import gpu_worker
+from llmbatch.workflows.batch_job import BatchJobWorkflow
+from llmbatch.workflows.dead_letter import DeadLetterWorkflow
+from llmbatch.workflows.shard import ShardWorkflow
 from tests.fixtures.replay import replayer
 from tests.fixtures.small_history import one_row_shard_job, small_history_env
-from workers.cpu import cpu_worker
-from workers.gpu import gpu_worker
-from workflows.batch_job import BatchJobWorkflow
-from workflows.dead_letter import DeadLetterWorkflow
-from workflows.shard import ShardWorkflow
 
 pytestmark = pytest.mark.slow
 

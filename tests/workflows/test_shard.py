@@ -26,7 +26,7 @@ from llmbatch.contract.dead_letters import DeadLetterEntry
 from llmbatch.contract.messages import JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass, JobState
-from workers.cpu import cpu_worker
+from llmbatch.workers.cpu import cpu_worker
 
 if TYPE_CHECKING:
     from llmbatch.engine.vllm_engine import Engine
@@ -103,7 +103,7 @@ async def test_a_worker_refuses_a_shard_for_another_model_and_its_items_die(
     model_name: str,
     tmp_path: Path,
 ) -> None:
-    from workers.gpu import gpu_worker
+    from llmbatch.workers.gpu import gpu_worker
 
     # A GPU worker that polls another model's queue with the tiny model loaded: how a
     # shard for the wrong model reaches an engine (a misconfigured deployment, or any

@@ -23,10 +23,10 @@ from temporalio.client import Client
 
 from llmbatch import telemetry
 from llmbatch.config import Settings
+from llmbatch.workflows.batch_job import BatchJobWorkflow
+from llmbatch.workflows.shard import ShardWorkflow
 from tests.fixtures.replay import replayer
 from tests.workflows.test_batch_job import classify_on_disk, companies, run
-from workflows.batch_job import BatchJobWorkflow
-from workflows.shard import ShardWorkflow
 
 pytestmark = pytest.mark.slow
 

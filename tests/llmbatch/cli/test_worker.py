@@ -20,10 +20,10 @@ from llmbatch.engine.options import EngineOptions
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[EngineOptions, dict[str, Any]]]:
-    """What ``workers.gpu.main`` would have been called with (the services it would
+    """What ``llmbatch.workers.gpu.main`` would have been called with (the services it would
     check first are taken as answering)."""
-    from workers import gpu as gpu_worker
-    from workers import preflight
+    from llmbatch.workers import gpu as gpu_worker
+    from llmbatch.workers import preflight
 
     monkeypatch.setattr(preflight, "check_now", lambda _settings: None)
 

@@ -45,9 +45,9 @@ from llmbatch.contract.spec import ChatMessage, JobSpec, RetrySpec, SamplingSpec
 from llmbatch.devstack.parts import binary_path
 from llmbatch.security.codec import Keyring, new_keyring
 from llmbatch.security.codec_server import BEARER
+from llmbatch.workers.cpu import cpu_worker
+from llmbatch.workers.gpu import gpu_worker
 from tests.llmbatch.cli.test_jobs import cli
-from workers.cpu import cpu_worker
-from workers.gpu import gpu_worker
 
 pytestmark = pytest.mark.slow
 

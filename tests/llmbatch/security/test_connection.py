@@ -21,9 +21,9 @@ from llmbatch.client.temporal import TemporalUnavailable, connect, start_job
 from llmbatch.config import Settings
 from llmbatch.devstack.demo import settings_env
 from llmbatch.security.connection import ConnectionConfigError, temporal_target
+from llmbatch.workers.cpu import cpu_worker
 from tests.fixtures.tls import API_KEY, TlsProxy
 from tests.workflows.test_batch_job import classify_on_disk, companies
-from workers.cpu import cpu_worker
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ from llmbatch.client.temporal import connect, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.security.codec import META_KEY_ID, new_keyring
+from llmbatch.workers.cpu import cpu_worker
+from llmbatch.workers.gpu import gpu_worker
 from tests.llmbatch.cli.test_jobs import cli
 from tests.llmbatch.security.test_canary import payloads_in, workflow_ids
 from tests.workflows.test_batch_job import classify_on_disk, companies
-from workers.cpu import cpu_worker
-from workers.gpu import gpu_worker
 
 pytestmark = pytest.mark.slow
 

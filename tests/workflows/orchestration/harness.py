@@ -40,10 +40,10 @@ from llmbatch.contract.names import (
     shard_workflow_id,
 )
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, ChatMessage, InputFormat, JobSpec
+from llmbatch.workflows.batch_job import BatchJobWorkflow
+from llmbatch.workflows.dead_letter import DeadLetterWorkflow
+from llmbatch.workflows.shard import ShardWorkflow
 from tests.workflows.orchestration.stand_ins import GUARD_S, StandIns
-from workflows.batch_job import BatchJobWorkflow
-from workflows.dead_letter import DeadLetterWorkflow
-from workflows.shard import ShardWorkflow
 
 # Heartbeats go out at once, so a cancel reaches a waiting stand-in at once (the
 # workflows' 30 s heartbeat timeout would otherwise throttle them to 24 s).
