@@ -19,7 +19,7 @@ activity; :func:`span` adds the service's own spans inside activities, and
 :func:`metrics` its instruments. Attributes are counts, sizes, shard numbers, the
 job id and the model: never row data, prompts or item ids.
 
-About 600 lines, on purpose: every instrument is declared here once, beside the
+In one module on purpose: every instrument is declared here once, beside the
 exporter set-up that reports it (the metrics reference is generated from this module).
 """
 

@@ -1,6 +1,6 @@
 """BatchJobWorkflow: plans a job, runs its shards in a bounded window, sums them up.
 
-About 670 lines, on purpose: one workflow is one state machine (the shard window,
+In one module on purpose: one workflow is one state machine (the shard window,
 pause and resume, an API batch's record and expiry, continue-as-new), and its handlers
 read and change the same fields. Split into mixins it would spread that state over
 files without making any part of it testable alone; the I/O it drives lives in

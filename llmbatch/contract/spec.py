@@ -4,7 +4,7 @@ These models are the public API. They travel as Temporal workflow input (JSON), 
 service in any language can start a job with a dict matching ``llm-batch schema``.
 Everything here is pure data and validation: no I/O, safe to import in workflows.
 
-About 600 lines, on purpose: the spec and the option models nested in it are one
+In one module on purpose: the spec and the option models nested in it are one
 public schema (``llm-batch schema`` and the job-spec reference are generated from it),
 read and changed together.
 """

@@ -1,6 +1,6 @@
 """How each part of the embedded stack is started, checked and stopped.
 
-About 600 lines: the three parts (Temporal, Postgres, SeaweedFS) side by side, each
+The three parts (Temporal, Postgres, SeaweedFS) side by side, each
 a start, a readiness check and a stop, so they read alike; dev and test tooling only.
 """
 
