@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 # MkDocs Material prints a notice about MkDocs 2.0 on every run; it is not ours to act on.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test lint docs docs-build k8s-render k8s-check
+.PHONY: setup demo test test-fast lint docs docs-build k8s-render k8s-check
 
 setup:
 	./scripts/setup.sh
@@ -19,6 +19,12 @@ demo: setup
 TEST_PROCESSES ?= 2
 test: setup
 	$(VENV)/bin/python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
+
+# The fast tier, for the inner loop: every test that needs no server or engine (no
+# Temporal, Postgres, S3 or vLLM; tests/conftest.py marks the others `stack`), in one
+# process, in about a minute.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q -m "not stack and not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff format --check .

@@ -30,6 +30,20 @@ pytest_plugins = [
     "tests.fixtures.openai_server",
 ]
 
+# The fixtures that start a real server or engine (Temporal, Postgres, S3, vLLM, an
+# OpenAI-compatible server, a built wheel's venv) or need one running. A test that
+# uses any of them, directly or through another fixture, is in the stack tier
+# (marked ``stack``); every other test is in the fast tier, ``make test-fast``.
+SERVER_FIXTURES = frozenset(
+    {
+        "stack_settings", "stack", "pg_dsn", "s3_client", "bucket", "storage_settings",
+        "empty_db_dsn", "ledger_dsn", "ledger_pool", "table_db", "tiny_model_path",
+        "engine", "temporal_client", "cpu_workers", "api_server", "api_pool",
+        "openai_server", "gateway", "embed_worker", "tls_proxy", "orchestration_client",
+        "installed", "pool",
+    }
+)  # fmt: skip
+
 # The base folder this file made for the session (none when --basetemp was given).
 _OWN_BASETEMP = pytest.StashKey[Path]()
 
@@ -39,6 +53,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.basetemp is None:
         config.option.basetemp = tempfile.mkdtemp(prefix="llmbatch-tests-")
         config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stack)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
