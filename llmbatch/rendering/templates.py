@@ -10,6 +10,10 @@ one render (the size of its output, and of any string, list or number it builds
 with an operator); :mod:`llmbatch.rendering.pool` bounds its time and memory by
 rendering in a child process that is killed when a row overruns.
 
+A field is written ``{{ text }}``; a field whose name is no Python name (``First
+Name``, ``customer-id``) is written ``{{ row["First Name"] }}``: ``row`` is the whole
+row, unless the row has a field called ``row`` of its own.
+
 Error messages name the message that failed, the exception's type, the template line
 and names taken from the template itself, never values from the row: they go into
 the ledger, the dead-letter list and Temporal's history, which must not hold row data.
@@ -18,6 +22,7 @@ the ledger, the dead-letter list and Temporal's history, which must not hold row
 from __future__ import annotations
 
 import operator
+import re
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +37,11 @@ from llmbatch.contract.spec import ChatMessage
 
 # Jinja names the source of a template from a string "<template>" in tracebacks.
 _TEMPLATE_FILENAME = "<template>"
+# The name under which a template sees the whole row (``{{ row["First Name"] }}``).
+ROW = "row"
+# ``{{ First Name }}``: words apart inside one placeholder, most likely a field name
+# with a space; the syntax error then says how to write it.
+_SPACED_FIELD = re.compile(r"\{\{-?\s*([A-Za-z_]\w*(?:[ \t]+\w+)+)\s*-?\}\}")
 # An integer a prompt needs is far smaller; ``9 ** 9 ** 9`` is minutes of CPU in C.
 _MAX_INT_BITS = 4096
 
@@ -112,6 +122,8 @@ class PromptTemplate:
         # Names written in the templates: an error may quote these, nothing else.
         self._own_names: set[str] = set()
         fields: set[str] = set()
+        # Whether a template names the whole row; only then is a context built for it.
+        self._reads_row = False
         for index, message in enumerate(messages):
             label = f"message {index} ({message.role})"
             try:
@@ -120,8 +132,10 @@ class PromptTemplate:
             except jinja2.TemplateSyntaxError as exc:
                 raise TemplateError(
                     f"{label}: template syntax error on line {exc.lineno}: {exc.message}"
+                    + _spaced_field_hint(message.content)
                 ) from exc
-            fields |= meta.find_undeclared_variables(ast)
+            fields |= _fields_of(ast)
+            self._reads_row |= ROW in meta.find_undeclared_variables(ast)
             self._own_names |= _names_in(ast)
             self._labels.append(label)
             self._roles.append(message.role)
@@ -136,10 +150,11 @@ class PromptTemplate:
         """
         rendered = []
         budget = self.limits.max_bytes
+        context = {**row, ROW: row} if self._reads_row and ROW not in row else row
         for label, role, template in zip(self._labels, self._roles, self._templates, strict=True):
             self.rendering = label
             try:
-                content = "".join(_bounded(template.generate(row), budget, self.limits))
+                content = "".join(_bounded(template.generate(context), budget, self.limits))
             except _OutputTooLarge as exc:
                 raise TemplateError(f"{label}: rendered prompt too large: {exc}") from None
             except Exception as exc:  # any failure is the row's: it dies, the shard goes on
@@ -196,6 +211,28 @@ def _bounded(chunks: Iterator[str], budget: int, limits: RenderLimits) -> Iterat
         if budget < 0:
             raise _OutputTooLarge(f"the output passed the {limits.max_bytes:,}-byte limit")
         yield chunk
+
+
+def _fields_of(ast: nodes.Template) -> set[str]:
+    """The row fields a template reads: its free names, with ``row`` (the whole row)
+    replaced by the fields it subscripts with a constant (``row["First Name"]``)."""
+    fields = meta.find_undeclared_variables(ast)
+    if ROW in fields:
+        fields = fields - {ROW}
+        for item in ast.find_all(nodes.Getitem):
+            if isinstance(item.node, nodes.Name) and item.node.name == ROW:
+                if isinstance(item.arg, nodes.Const) and isinstance(item.arg.value, str):
+                    fields.add(item.arg.value)
+    return fields
+
+
+def _spaced_field_hint(source: str) -> str:
+    """How to write the field a syntax error most likely came from, if one has a space."""
+    found = _SPACED_FIELD.search(source)
+    if found is None:
+        return ""
+    name = " ".join(found.group(1).split())
+    return f'; a field whose name has a space is written {{{{ row["{name}"] }}}}'
 
 
 def _names_in(ast: nodes.Template) -> set[str]:

@@ -147,6 +147,30 @@ async def test_csv_from_s3_every_item_once_and_choices_hold(
     assert "items 230/230 done" in metadata.current_details
 
 
+async def test_a_csv_whose_field_names_have_spaces_is_read_through_row(
+    workers: Settings, temporal_client: Client, bucket: str, model_name: str
+) -> None:
+    """The customers file of the seeds names its fields ``First Name``, ``Customer Id``."""
+    rows = [
+        {"Customer Id": f"C-{i}", "First Name": f"Ann {i}", "Company": "Cedar"} for i in range(7)
+    ]
+    store = storage.stores.open_store(f"s3://{bucket}/x", workers)
+    store.put_bytes(f"s3://{bucket}/in/customers.csv", csv_bytes(rows))
+    spec = classify(
+        inputs=[f"s3://{bucket}/in/customers.csv"],
+        output_uri=f"s3://{bucket}/out",
+        model=model_name,
+        id_field="Customer Id",
+        messages=[ChatMessage(role="user", content='{{ row["First Name"] }} at {{ Company }}')],
+    )
+
+    summary = await run(temporal_client, workers, spec)
+
+    assert (summary.state, summary.items_succeeded, summary.items_dead) == ("succeeded", 7, 0)
+    out = output_rows(workers, summary)
+    assert sorted(r["item_id"] for r in out) == sorted(r["Customer Id"] for r in rows)
+
+
 async def test_jsonl_from_disk_more_shards_than_window_parquet_out(
     workers: Settings, temporal_client: Client, tmp_path: Path, model_name: str
 ) -> None:

@@ -86,3 +86,29 @@ def test_errors_name_template_words_never_row_values() -> None:
         assert secret not in message and message.startswith("message 1 (user), line 1: ")
     with pytest.raises(TemplateError, match="attribute or item 'missing'"):
         template("{{ text.missing }}").render({"text": secret})
+
+
+def test_a_field_whose_name_has_a_space_is_read_through_row() -> None:
+    """The seeds' customers file has ``First Name``: ``row`` reaches it, and the plan's
+    check of the input's fields sees the field itself, not ``row``."""
+    template = PromptTemplate(
+        [ChatMessage(role="user", content='{{ row["First Name"] }} at {{ Company }}')]
+    )
+    assert template.fields == {"First Name", "Company"}
+    assert template.missing_fields({"Company"}) == ["First Name"]
+    row = {"First Name": "Ann", "Company": "Cedar Blue Legal LLP"}
+    assert template.render(row) == [{"role": "user", "content": "Ann at Cedar Blue Legal LLP"}]
+
+
+def test_a_row_with_a_field_called_row_keeps_it() -> None:
+    template = PromptTemplate([ChatMessage(role="user", content="{{ row }}")])
+    assert template.render({"row": "seven"}) == [{"role": "user", "content": "seven"}]
+
+
+def test_a_placeholder_with_a_space_says_how_to_write_the_field() -> None:
+    with pytest.raises(TemplateError) as caught:
+        PromptTemplate([ChatMessage(role="user", content="Hello {{ First Name }}!")])
+    assert 'a field whose name has a space is written {{ row["First Name"] }}' in str(caught.value)
+    with pytest.raises(TemplateError) as other:
+        PromptTemplate([ChatMessage(role="user", content="Hello {{ name }")])
+    assert "space" not in str(other.value)
