@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import UTC, datetime
 
 from temporalio.client import Client
 
-from llmbatch.client.queues import QueueBacklog, QueueGauges, engine_queues
+from llmbatch.client.queues import QueueBacklog, QueueGauges, WorkerRecord, engine_queues
 from llmbatch.config import Settings
 from llmbatch.ledger.backlog import unfinished_by_model
 from llmbatch.ledger.db import Database
@@ -23,9 +24,22 @@ EXPORT_EVERY_S = 30.0
 
 async def read_queues(client: Client, db: Database, settings: Settings) -> list[QueueBacklog]:
     """Every known engine queue: Temporal's stats beside the ledger's unfinished items."""
-    served = [(s.task_queue, s.model, s.task) for s in await served_models(db)]
+    rows = await served_models(db)
+    now = datetime.now(UTC)
+    records = {
+        row.task_queue: WorkerRecord(
+            identity=row.identity,
+            serving=row.serving(now),
+            stopped_at=row.stopped_at.timestamp() if row.stopped_at is not None else None,
+        )
+        for row in rows
+    }
     return await engine_queues(
-        client, settings, served=served, unfinished=await unfinished_by_model(db)
+        client,
+        settings,
+        served=[(s.task_queue, s.model, s.task) for s in rows],
+        unfinished=await unfinished_by_model(db),
+        records=records,
     )
 
 

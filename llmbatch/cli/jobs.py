@@ -244,7 +244,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
         )
     queue = settings.gpu_task_queue(p.model, task, endpoint=endpoint)
     # Zero workers is a normal state (scaled to zero): say how long and how much waits.
-    backlog = await describe_queue(client, queue) if waiting else None
+    backlog = (await describe_queue(client, queue))[0] if waiting else None
     from llmbatch.provider.status import job_report_at, report_lines
 
     # Provider batches (jobs via batch): each one's status and counts, and the cost.

@@ -15,6 +15,7 @@ running job names its model and task: a queue with zero workers is a normal stat
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -43,7 +44,7 @@ class QueueBacklog:
     backlog_age_s: float
     add_rate: float
     dispatch_rate: float
-    # Workers Temporal saw poll lately (it keeps a gone poller for a few minutes).
+    # Workers serving the queue now (:func:`live_workers`).
     pollers: int
     poller_identities: list[str]
     # Items of running jobs for this model and task that are not finished.
@@ -54,41 +55,81 @@ class QueueBacklog:
         return asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """What the ledger says of the worker that last recorded itself on a queue: its
+    identity (Temporal's), whether its row is fresh and not stopped, and when it
+    stopped (epoch seconds; None: it has not)."""
+
+    identity: str
+    serving: bool
+    stopped_at: float | None
+
+
 async def engine_queues(
     client: Client,
     settings: Settings,
     *,
     served: Iterable[tuple[str, str, str]],
-    unfinished: dict[tuple[str, str], tuple[int, int]],
+    unfinished: dict[tuple[str, str, str | None], tuple[int, int]],
+    records: dict[str, WorkerRecord] | None = None,
 ) -> list[QueueBacklog]:
     """Every known engine queue with Temporal's stats: ``served`` is the ledger's
-    (queue, model, task) of GPU workers, ``unfinished`` its (model, task) →
-    (unfinished items, running jobs)."""
+    (queue, model, task) of GPU workers, ``unfinished`` its (model, task, remote
+    endpoint or None) → (unfinished items, running jobs), ``records`` queue → its
+    :class:`WorkerRecord`."""
     # Keyed by queue: job specs and workers may spell one model differently.
     known: dict[str, tuple[str, str]] = {queue: (model, task) for queue, model, task in served}
     counts: dict[str, tuple[int, int]] = {}
-    for (model, task), (items, jobs) in unfinished.items():
-        queue = settings.gpu_task_queue(model, Task(task))
+    for (model, task, endpoint), (items, jobs) in unfinished.items():
+        queue = settings.gpu_task_queue(model, Task(task), endpoint=endpoint)
         known.setdefault(queue, (model, task))
         before = counts.get(queue, (0, 0))
         counts[queue] = (before[0] + items, before[1] + jobs)
     stats = await asyncio.gather(*(describe_queue(client, queue) for queue in known))
-    result = [
-        QueueBacklog(
-            task_queue=queue,
-            model=model,
-            task=task,
-            **stat,
-            unfinished_items=counts.get(queue, (0, 0))[0],
-            running_jobs=counts.get(queue, (0, 0))[1],
+    now = time.time()
+    result = []
+    for (queue, (model, task)), (stat, polled) in zip(known.items(), stats, strict=True):
+        identities = live_workers(polled, (records or {}).get(queue), now=now)
+        result.append(
+            QueueBacklog(
+                task_queue=queue,
+                model=model,
+                task=task,
+                **stat,
+                pollers=len(identities),
+                poller_identities=identities,
+                unfinished_items=counts.get(queue, (0, 0))[0],
+                running_jobs=counts.get(queue, (0, 0))[1],
+            )
         )
-        for (queue, (model, task)), stat in zip(known.items(), stats, strict=True)
-    ]
     return sorted(result, key=lambda q: (model_identity(q.model), q.task))
 
 
-async def describe_queue(client: Client, queue: str) -> dict[str, Any]:
-    """Temporal's view of one activity task queue: backlog, its age, rates, pollers."""
+# A live worker polls again within about a minute (a long poll's length), unless every
+# one of its activity slots is taken; Temporal goes on listing a worker that stopped for
+# about five minutes after its last poll, which read as pollers with every worker gone.
+POLLER_FRESH_S = 90.0
+
+
+def live_workers(polled: dict[str, float], record: WorkerRecord | None, *, now: float) -> list[str]:
+    """The identities serving a queue: those Temporal saw poll within
+    :data:`POLLER_FRESH_S` (``polled``: identity → last poll, epoch seconds), less the
+    ledger's stopped worker if it stopped after its last poll, plus the ledger's worker
+    while its row says it serves (busy in every slot, it does not poll)."""
+    live = {who for who, at in polled.items() if now - at <= POLLER_FRESH_S}
+    if record is not None:
+        last_poll = polled.get(record.identity)
+        if record.stopped_at is not None and (last_poll is None or last_poll <= record.stopped_at):
+            live.discard(record.identity)
+        if record.serving:
+            live.add(record.identity)
+    return sorted(live)
+
+
+async def describe_queue(client: Client, queue: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """Temporal's view of one activity task queue: backlog, its age and rates, and each
+    poller's identity with its last poll (epoch seconds)."""
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
@@ -98,14 +139,13 @@ async def describe_queue(client: Client, queue: str) -> dict[str, Any]:
         )
     )
     stats = response.stats
+    polled = {p.identity: p.last_access_time.ToSeconds() for p in response.pollers}
     return {
         "backlog": stats.approximate_backlog_count,
         "backlog_age_s": stats.approximate_backlog_age.ToTimedelta().total_seconds(),
         "add_rate": round(stats.tasks_add_rate, 3),
         "dispatch_rate": round(stats.tasks_dispatch_rate, 3),
-        "pollers": len(response.pollers),
-        "poller_identities": sorted(p.identity for p in response.pollers),
-    }
+    }, polled
 
 
 class QueueGauges:

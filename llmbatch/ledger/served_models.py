@@ -22,8 +22,8 @@ from llmbatch.ledger.db import Database
 
 log = logging.getLogger(__name__)
 
-# How often a running worker refreshes its row (last_seen is informational: liveness
-# is Temporal's poller list).
+# How often a running worker refreshes its row. A fresh row that is not stopped counts
+# its worker as serving the queue (``llm-batch queues``), beside Temporal's pollers.
 REFRESH_S = 60.0
 
 
@@ -66,6 +66,13 @@ class ServedModel:
     identity: str
     first_seen: datetime
     last_seen: datetime
+    # When the worker that recorded the row last stopped (None: it has not).
+    stopped_at: datetime | None
+
+    def serving(self, now: datetime) -> bool:
+        """Whether the row speaks for a running worker: refreshed lately, not stopped."""
+        fresh = (now - self.last_seen).total_seconds() <= POLICY_FRESH_S
+        return fresh and self.stopped_at is None
 
 
 async def record_served_model(db: Database, served: ServedQueue) -> None:
@@ -76,7 +83,7 @@ async def record_served_model(db: Database, served: ServedQueue) -> None:
         "cache_shared) VALUES ($1, $2, $3, $4, $5, $6, $7) "
         "ON CONFLICT (task_queue) DO UPDATE SET model = excluded.model, task = excluded.task, "
         "identity = excluded.identity, weights = excluded.weights, cache = excluded.cache, "
-        "cache_shared = excluded.cache_shared, last_seen = now()",
+        "cache_shared = excluded.cache_shared, last_seen = now(), stopped_at = NULL",
         served.task_queue,
         served.model,
         served.task,
@@ -102,11 +109,13 @@ async def cache_policy(db: Database, *, task_queue: str) -> CachePolicy | None:
     return CachePolicy(weights=row["weights"], cache=row["cache"], shared=row["cache_shared"])
 
 
-async def forget_weights(db: Database, *, task_queue: str, identity: str) -> None:
-    """A stopping worker's weights no longer answer for its queue (if it was the last
-    to record them; another worker of the queue records its own at its next refresh)."""
+async def mark_stopped(db: Database, *, task_queue: str, identity: str) -> None:
+    """A stopping worker no longer serves its queue, and its weights no longer answer for
+    it (if it was the last to record the row; another worker of the queue records its
+    own at its next refresh)."""
     await db.execute(
-        "UPDATE served_models SET weights = NULL WHERE task_queue = $1 AND identity = $2",
+        "UPDATE served_models SET weights = NULL, stopped_at = now() "
+        "WHERE task_queue = $1 AND identity = $2",
         task_queue,
         identity,
     )
@@ -115,7 +124,7 @@ async def forget_weights(db: Database, *, task_queue: str, identity: str) -> Non
 async def served_models(db: Database) -> list[ServedModel]:
     """Every recorded queue, by model then task."""
     rows = await db.fetch(
-        "SELECT task_queue, model, task, identity, first_seen, last_seen "
+        "SELECT task_queue, model, task, identity, first_seen, last_seen, stopped_at "
         "FROM served_models ORDER BY model, task"
     )
     return [ServedModel(**dict(r)) for r in rows]
@@ -130,7 +139,7 @@ async def was_served(db: Database, *, task_queue: str) -> bool:
 @contextlib.asynccontextmanager
 async def advertised(db: Database, served: ServedQueue) -> AsyncIterator[None]:
     """Record ``served`` now and refresh it every :data:`REFRESH_S` while the block runs;
-    at its end, forget the weights (:func:`forget_weights`).
+    at its end, mark it stopped (:func:`mark_stopped`).
 
     A failed record is logged, never raised: the worker's job is generating, and the
     next refresh records it again.
@@ -156,8 +165,7 @@ async def advertised(db: Database, served: ServedQueue) -> AsyncIterator[None]:
         task_.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task_
-        if served.policy.weights is not None:
-            try:
-                await forget_weights(db, task_queue=served.task_queue, identity=served.identity)
-            except Exception as exc:  # the row goes stale by itself (POLICY_FRESH_S)
-                log.warning("could not clear the served weights of %s: %s", served.task_queue, exc)
+        try:
+            await mark_stopped(db, task_queue=served.task_queue, identity=served.identity)
+        except Exception as exc:  # the row goes stale by itself (POLICY_FRESH_S)
+            log.warning("could not mark %s stopped: %s", served.task_queue, exc)

@@ -91,10 +91,17 @@ async def test_a_job_waits_for_a_worker_and_the_queue_shows_its_backlog(
         worker = gpu_worker_process(stack, model, tmp_path / "gpu.log")
         summary = await asyncio.wait_for(job_result(handle), 900)
         finished = await _queue(stack, queue)
+        # Stopped, the worker no longer counts: Temporal lists it for minutes after its
+        # last poll, which read as a poller with every worker gone.
+        stop_worker(worker)
+        worker = None
+        stopped = await _queue(stack, queue)
     finally:
         if worker is not None:
             stop_worker(worker)
         await pool.close()
     assert (summary.items_succeeded, summary.items_dead) == (ROWS, 0)
     assert finished["unfinished_items"] == 0 and finished["backlog"] == 0
+    assert finished["pollers"] == 1
+    assert stopped["pollers"] == 0, stopped
     print(f"\nqueue while waiting: {waiting}\nqueue when done: {finished}")
