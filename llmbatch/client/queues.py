@@ -139,7 +139,7 @@ async def describe_queue(client: Client, queue: str) -> tuple[dict[str, Any], di
         )
     )
     stats = response.stats
-    polled = {p.identity: p.last_access_time.ToSeconds() for p in response.pollers}
+    polled = {p.identity: float(p.last_access_time.ToSeconds()) for p in response.pollers}
     return {
         "backlog": stats.approximate_backlog_count,
         "backlog_age_s": stats.approximate_backlog_age.ToTimedelta().total_seconds(),
