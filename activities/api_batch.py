@@ -29,7 +29,7 @@ from llmbatch.contract.messages import (
 from llmbatch.contract.names import FINISH_API_BATCH, RECORD_API_BATCH, SET_API_BATCH_STATUS
 from llmbatch.contract.spec import ApiEndpoint, JobSpec
 from llmbatch.contract.states import BatchStatus, ErrorClass, FailureType, ItemStatus
-from llmbatch.formats import openai_batch
+from llmbatch.formats import openai_output, openai_requests
 from llmbatch.formats.vectors import read_vectors
 from llmbatch.ledger import api_layout, api_records
 
@@ -98,7 +98,7 @@ class ApiBatchActivities:
             return await self._counts(job_id)  # a retry of a call that got through
         error_class = _UNFINISHED.get(input.status)
         if error_class is not None:
-            _, message = openai_batch.NEVER_RAN[error_class]
+            _, message = openai_output.NEVER_RAN[error_class]
             for shard in await ledger.jobs.planned_shards(pool, job_id=job_id):
                 # Also stands in for the rows of shards that never started, so the
                 # job's counts hold every request.
@@ -218,8 +218,8 @@ def _custom_ids(ctx: ActivityContext, spec: JobSpec) -> Generator[_Request, None
                     encoding = "float"
                     if embeddings:
                         # A line whose format is bad died at render: it gets an error line.
-                        with contextlib.suppress(openai_batch.InvalidRequest):
-                            encoding = openai_batch.encoding_format(line["body"])
+                        with contextlib.suppress(openai_requests.InvalidRequest):
+                            encoding = openai_requests.encoding_format(line["body"])
                     yield _Request(str(line["custom_id"]), encoding)
 
 
@@ -247,10 +247,10 @@ def _line(
     assert spec.api_batch is not None
     custom_id = request.custom_id
     if row is not None and row.status is ItemStatus.SUCCEEDED:
-        line = openai_batch.result_line(spec, row, vectors=vectors, encoding=request.encoding)
+        line = openai_output.result_line(spec, row, vectors=vectors, encoding=request.encoding)
         return line, True
     if row is not None and row.status is ItemStatus.DEAD:
-        return openai_batch.dead_line(
+        return openai_output.dead_line(
             job_id=spec.job_id,
             custom_id=custom_id,
             error_class=row.error_class,
@@ -259,7 +259,7 @@ def _line(
         ), False
     # Never registered (its shard never read it) or, rarely, registered after the
     # batch's unfinished requests were stopped: it did not run.
-    return openai_batch.dead_line(
+    return openai_output.dead_line(
         job_id=spec.job_id,
         custom_id=custom_id,
         error_class=_UNFINISHED.get(ending, ErrorClass.BATCH_CANCELLED),

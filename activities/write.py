@@ -16,7 +16,7 @@ from llmbatch.contract.messages import ShardInput, ShardSummary, TokenCounts
 from llmbatch.contract.names import WRITE_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec, OutputFormat, Task
 from llmbatch.contract.states import TERMINAL_STATUSES, FailureType, ItemStatus
-from llmbatch.formats import openai_batch
+from llmbatch.formats import openai_output, openai_requests
 from llmbatch.formats.records import StagedRow, load_jsonl
 from llmbatch.formats.vectors import StagedVectors, Vectors, floats, read_vectors
 from llmbatch.tables import jobs as tables
@@ -161,7 +161,7 @@ async def _sweep_vectors(
 
 def _dead_line(spec: JobSpec, entry: ledger.items.LedgerRow) -> dict[str, Any]:
     """A dead item of OpenAI batch input, as the error file's line."""
-    return openai_batch.dead_line(
+    return openai_output.dead_line(
         job_id=spec.job_id,
         custom_id=entry.item_id,
         error_class=entry.error_class,
@@ -276,7 +276,7 @@ def _openai_lines(
     """A shard of OpenAI batch input: its output part (JSONL) and its error lines."""
     out = bytearray()
     errors = []
-    chat = openai_batch.ChatLines(spec) if vectors is None else None
+    chat = openai_output.ChatLines(spec) if vectors is None else None
     for e in entries:
         if e.status is not ItemStatus.SUCCEEDED:
             errors.append(_dead_line(spec, e))
@@ -288,10 +288,10 @@ def _openai_lines(
             staged = rows.get(e.item_id)
             body = ((staged.fields if staged is not None else None) or {}).get("body")
             # Validated at render, so the line's format is one of the two.
-            encoding = openai_batch.encoding_format(body)
+            encoding = openai_requests.encoding_format(body)
         out += formats.write_jsonl(
             [
-                openai_batch.result_line(
+                openai_output.result_line(
                     spec,
                     e,
                     vectors=None if vectors is None else vectors.get(e.item_id),

@@ -86,7 +86,7 @@ ALLOWED: dict[str, set[str]] = {
     "llmbatch.provider": {
         "llmbatch.contract",
         "llmbatch.engine.requests",
-        "llmbatch.formats.openai_batch",
+        "llmbatch.formats.openai_output",
         "llmbatch.ledger.db",
         "llmbatch.remote",
     },
