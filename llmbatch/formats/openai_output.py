@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -231,12 +232,13 @@ def dead_line(
 ) -> dict[str, Any]:
     """A dead request's error-file line: OpenAI's code and message for one that never
     ran (its batch expired or was cancelled), else its error class and message, with
-    the input line it came from."""
+    the number of the input line it came from (its ``source``)."""
     if error_class in NEVER_RAN:
         code, text = NEVER_RAN[error_class]
     else:
         code = str(error_class or "error")
-        text = f"{message} ({source})" if source else str(message)
+        line_number = _line_number(source)
+        text = f"{message} ({line_number})" if line_number else str(message)
     line = error_line(job_id=job_id, custom_id=custom_id, code=code, message=text)
     if error_class in BAD_REQUEST:
         # A request its body made impossible is answered as the endpoint answers it: a
@@ -255,6 +257,18 @@ def dead_line(
             },
         }
     return line
+
+
+# A line's source, as the readers name it: "<object>:line N" (llmbatch.formats.readers).
+_SOURCE_LINE = re.compile(r":(line [0-9]+)$")
+
+
+def _line_number(source: str | None) -> str | None:
+    """The ``line N`` of a request's ``source``, not the object it was read from: an API
+    batch's input file is an internal object whose address no message may name, and
+    the line's ``custom_id`` already says which request it is."""
+    found = _SOURCE_LINE.search(source or "")
+    return found.group(1) if found else None
 
 
 def embedding_output_line(

@@ -97,10 +97,14 @@ def test_a_dead_request_that_never_ran_gets_openais_code_the_rest_their_class() 
         source="s3://b/in.jsonl:line 3",
     )
     assert failed["response"] is None and failed["custom_id"] == "b"
-    assert failed["error"] == {
-        "code": "PromptTooLong",
-        "message": "too long (s3://b/in.jsonl:line 3)",
-    }
+    # The line by its number: never the object's address (an API batch's file is internal).
+    assert failed["error"] == {"code": "PromptTooLong", "message": "too long (line 3)"}
+    unplaced = dead_line(
+        job_id="j", custom_id="c", error_class=ErrorClass.INVALID_REQUEST, message="bad",
+        source="s3://b/in.jsonl",
+    )  # fmt: skip
+    assert unplaced["error"]["message"] == "bad"
+    assert unplaced["response"]["body"]["error"]["message"] == "bad"
 
 
 _TEXT = st.text() | st.sampled_from(
