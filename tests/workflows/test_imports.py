@@ -74,7 +74,6 @@ ALLOWED: dict[str, set[str]] = {
         "llmbatch.config",
         "llmbatch.contract",
         "llmbatch.formats",
-        "llmbatch.ledger.items",
         "llmbatch.rendering.templates",
     },
     "llmbatch.remote": {
@@ -90,6 +89,7 @@ ALLOWED: dict[str, set[str]] = {
         "llmbatch.ledger.db",
         "llmbatch.remote",
     },
+    "llmbatch.stages": {"llmbatch.contract", "llmbatch.formats", "llmbatch.ledger.items"},
     "llmbatch.client": {
         "llmbatch.config",
         "llmbatch.contract",
