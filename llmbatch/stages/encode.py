@@ -307,10 +307,10 @@ class OpenAIWriter:
     ) -> Encoded:
         out = bytearray()
         errors: list[dict[str, Any]] = []
+        chat = self._chat  # a cached shard's whole work is this loop: no lookups in it
         for e in entries:
-            if self._chat is not None and e.status is ItemStatus.SUCCEEDED:
-                if self._chat.encode_into(out, e):
-                    continue
+            if chat is not None and e.status is ItemStatus.SUCCEEDED and chat.encode_into(out, e):
+                continue
             encoding = "float"
             if self.reads_vectors and e.status is ItemStatus.SUCCEEDED:
                 staged = rows.get(e.item_id)
