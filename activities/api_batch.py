@@ -28,10 +28,11 @@ from llmbatch.contract.messages import (
 )
 from llmbatch.contract.names import FINISH_API_BATCH, RECORD_API_BATCH, SET_API_BATCH_STATUS
 from llmbatch.contract.spec import ApiEndpoint, JobSpec
-from llmbatch.contract.states import BatchStatus, ErrorClass, FailureType, ItemStatus
-from llmbatch.formats import openai_batch
+from llmbatch.contract.states import BatchStatus, ErrorClass, FailureType
+from llmbatch.formats import openai_output, openai_requests
 from llmbatch.formats.vectors import read_vectors
 from llmbatch.ledger import api_layout, api_records
+from llmbatch.stages import encode
 
 # Custom ids looked up in the ledger per query while the files are assembled: memory
 # stays bounded by this, whatever the batch's size.
@@ -98,7 +99,7 @@ class ApiBatchActivities:
             return await self._counts(job_id)  # a retry of a call that got through
         error_class = _UNFINISHED.get(input.status)
         if error_class is not None:
-            _, message = openai_batch.NEVER_RAN[error_class]
+            _, message = openai_output.NEVER_RAN[error_class]
             for shard in await ledger.jobs.planned_shards(pool, job_id=job_id):
                 # Also stands in for the rows of shards that never started, so the
                 # job's counts hold every request.
@@ -143,6 +144,9 @@ class ApiBatchActivities:
         """Write one line per request to ``out`` (succeeded) or ``err`` (the rest), in
         the input's order."""
         spec = input.spec
+        writer = encode.OpenAIWriter(spec)
+        # A request without a finished row did not run: named as the batch ended.
+        unfinished = _UNFINISHED.get(input.status, ErrorClass.BATCH_CANCELLED)
         files = ApiBatchFiles()
         ids = _custom_ids(self._ctx, spec)
         try:
@@ -159,8 +163,12 @@ class ApiBatchActivities:
                 lines_err: list[dict[str, Any]] = []
                 for request in chunk:
                     custom_id = request.custom_id
-                    line, ok = _line(
-                        spec, input.status, request, rows.get(custom_id), vectors.get(custom_id)
+                    line, ok = writer.line(
+                        custom_id,
+                        rows.get(custom_id),
+                        vectors=vectors.get(custom_id),
+                        encoding=request.encoding,
+                        unfinished=unfinished,
                     )
                     (lines_out if ok else lines_err).append(line)
                     if ok:
@@ -170,8 +178,8 @@ class ApiBatchActivities:
                         )
                 files.succeeded += len(lines_out)
                 files.failed += len(lines_err)
-                await asyncio.to_thread(_write_lines, out, lines_out)
-                await asyncio.to_thread(_write_lines, err, lines_err)
+                await asyncio.to_thread(out.write, encode.api_file_lines(lines_out))
+                await asyncio.to_thread(err.write, encode.api_file_lines(lines_err))
                 activity.heartbeat(files.succeeded + files.failed)
         finally:
             ids.close()
@@ -218,8 +226,8 @@ def _custom_ids(ctx: ActivityContext, spec: JobSpec) -> Generator[_Request, None
                     encoding = "float"
                     if embeddings:
                         # A line whose format is bad died at render: it gets an error line.
-                        with contextlib.suppress(openai_batch.InvalidRequest):
-                            encoding = openai_batch.encoding_format(line["body"])
+                        with contextlib.suppress(openai_requests.InvalidRequest):
+                            encoding = openai_requests.encoding_format(line["body"])
                     yield _Request(str(line["custom_id"]), encoding)
 
 
@@ -230,39 +238,3 @@ def _take(ids: Iterator[_Request], n: int) -> list[_Request]:
         if len(chunk) == n:
             break
     return chunk
-
-
-def _write_lines(f: IO[bytes], lines: list[dict[str, Any]]) -> None:
-    f.writelines(json.dumps(line, ensure_ascii=False).encode() + b"\n" for line in lines)
-
-
-def _line(
-    spec: JobSpec,
-    ending: BatchStatus,
-    request: _Request,
-    row: ledger.items.LedgerRow | None,
-    vectors: list[bytes] | None,
-) -> tuple[dict[str, Any], bool]:
-    """The output line (True) or error line (False) of one request."""
-    assert spec.api_batch is not None
-    custom_id = request.custom_id
-    if row is not None and row.status is ItemStatus.SUCCEEDED:
-        line = openai_batch.result_line(spec, row, vectors=vectors, encoding=request.encoding)
-        return line, True
-    if row is not None and row.status is ItemStatus.DEAD:
-        return openai_batch.dead_line(
-            job_id=spec.job_id,
-            custom_id=custom_id,
-            error_class=row.error_class,
-            message=row.error_message,
-            source=row.source,
-        ), False
-    # Never registered (its shard never read it) or, rarely, registered after the
-    # batch's unfinished requests were stopped: it did not run.
-    return openai_batch.dead_line(
-        job_id=spec.job_id,
-        custom_id=custom_id,
-        error_class=_UNFINISHED.get(ending, ErrorClass.BATCH_CANCELLED),
-        message=None,
-        source=None,
-    ), False

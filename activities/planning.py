@@ -26,7 +26,7 @@ from llmbatch.contract.names import FINALIZE_JOB, PLAN_JOB, RECORD_JOB_END
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.contract.states import BatchStatus, FailureType
 from llmbatch.dedup import leads
-from llmbatch.formats import ShardPlan, openai_batch, planning
+from llmbatch.formats import ShardPlan, openai_validation, planning
 from llmbatch.ledger import api_records
 from llmbatch.tables import jobs as tables
 
@@ -134,7 +134,9 @@ class PlanningActivities:
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         raise _BatchInvalid(f"the batch input file is invalid: {shown}{more}")
 
-    async def _fail_api_batch(self, spec: JobSpec, errors: list[openai_batch.BatchError]) -> None:
+    async def _fail_api_batch(
+        self, spec: JobSpec, errors: list[openai_validation.BatchError]
+    ) -> None:
         await api_records.set_batch_status(
             self._ctx.pool,
             batch_id=spec.job_id,
@@ -259,9 +261,9 @@ def _usage(summary: JobSummary) -> dict[str, Any]:
 _OBJECT_URI = re.compile(r"\b(?:s3|file)://\S+?(?=[:\s,;)]|$)")
 
 
-def _batch_error(exc: planning.InvalidJobSpec) -> openai_batch.BatchError:
+def _batch_error(exc: planning.InvalidJobSpec) -> openai_validation.BatchError:
     """A refused API batch's ``errors.data`` entry, with no internal object URI (a
     line's own faults are that line's 400, never the batch's)."""
-    return openai_batch.BatchError(
-        code=openai_batch.INVALID_REQUEST, message=_OBJECT_URI.sub("the input file", str(exc))
+    return openai_validation.BatchError(
+        code=openai_validation.INVALID_REQUEST, message=_OBJECT_URI.sub("the input file", str(exc))
     )

@@ -4,8 +4,8 @@ writing its output part too when nothing is left to generate.
 One activity instead of two (``fetch_shard``, then ``render_prompts``) saves each
 shard a Temporal activity and the round trip of its staged rows through the object
 store: the rows are rendered where they were read. They are still staged when the
-write step puts their fields into the output (:func:`llmbatch.activities.write.reads_staged_rows`),
-before anything is registered, so a retry finds them as a first attempt left them.
+write step reads them back (:attr:`llmbatch.stages.encode.Writer.reads_rows`), before
+anything is registered, so a retry finds them as a first attempt left them.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from temporalio import activity
 from llmbatch.activities.context import ActivityContext
 from llmbatch.activities.fetch import read_shard_rows
 from llmbatch.activities.render import render_and_register
-from llmbatch.activities.write import reads_staged_rows, write_part
+from llmbatch.activities.write import write_part
 from llmbatch.contract.messages import PrepareResult, ShardInput
 from llmbatch.contract.names import PREPARE_SHARD
 from llmbatch.formats.records import dump_jsonl
+from llmbatch.stages import encode
 
 
 class PrepareActivities:
@@ -29,7 +30,7 @@ class PrepareActivities:
     async def prepare_shard(self, input: ShardInput) -> PrepareResult:
         """Read the shard's rows, render them and register them in the ledger."""
         rows, fetched = await read_shard_rows(self._ctx, input)
-        if reads_staged_rows(input.spec, input.layout.input_format):
+        if encode.writer_for(input.spec, input.layout.input_format).reads_rows:
             await self._ctx.write(input.layout.shard_rows(input.shard), dump_jsonl(rows))
         rendered = await render_and_register(self._ctx, input, rows)
         # Nothing left to generate (a cached re-run, a shard the job's own leads

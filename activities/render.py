@@ -33,7 +33,7 @@ from llmbatch.dedup.coordination import (
     wait_for_leads,
 )
 from llmbatch.dedup.keys import request_key
-from llmbatch.formats import openai_batch
+from llmbatch.formats import openai_requests
 from llmbatch.formats.records import StagedRequest, StagedRow, dump_jsonl, load_jsonl
 from llmbatch.ledger.served_models import cache_policy
 from llmbatch.rendering.pool import Rendered, RenderPool
@@ -301,11 +301,11 @@ def _render(
     default = spec.sampling.with_overrides(overrides)
     requests: dict[str, StagedRequest] = {}
     dead: list[ledger.items.DeadItem] = []
-    # Lines asking the same sampling share one object (openai_batch.parse), so whether
+    # Lines asking the same sampling share one object (openai_requests.parse), so whether
     # it is the job's own is worked out once per object, not once per row.
     samplings: dict[bytes, SamplingSpec] = {}
-    # And lines repeating a body share what it parsed to (openai_batch.parse).
-    bodies: dict[bytes, openai_batch.ParsedRequest] = {}
+    # And lines repeating a body share what it parsed to (openai_requests.parse).
+    bodies: dict[bytes, openai_requests.ParsedRequest] = {}
     own: dict[int, tuple[SamplingSpec, bool]] = {}
 
     def staged_sampling(sampling: SamplingSpec) -> SamplingSpec | None:
@@ -337,7 +337,7 @@ def _render(
         messages: list[dict[str, str]] | None
         if fmt is InputFormat.OPENAI:
             try:
-                parsed = openai_batch.parse(
+                parsed = openai_requests.parse(
                     row.fields,
                     defaults=spec.sampling,
                     model=spec.model,
@@ -345,7 +345,7 @@ def _render(
                     samplings=samplings,
                     bodies=bodies,
                 )
-            except openai_batch.InvalidRequest as exc:
+            except openai_requests.InvalidRequest as exc:
                 fail(row, ErrorClass.INVALID_REQUEST, str(exc))
                 continue
             messages, prompt, prompt_ids = parsed.messages, parsed.prompt, parsed.prompt_token_ids
@@ -396,11 +396,11 @@ def _render_embed(
             )
         elif fmt is InputFormat.OPENAI:
             try:
-                _, texts, token_ids, own = openai_batch.parse_embedding_request(
+                _, texts, token_ids, own = openai_requests.parse_embedding_request(
                     row.fields, defaults=job_options, model=spec.model
                 )
                 options = own.with_overrides(overrides)
-            except openai_batch.InvalidRequest as exc:
+            except openai_requests.InvalidRequest as exc:
                 failure = (ErrorClass.INVALID_REQUEST, str(exc))
         else:
             outcome = rendered[index]

@@ -36,12 +36,12 @@ from peer import chat_lines
 
 from llmbatch.activities.fetch import _read_rows
 from llmbatch.activities.render import _new_items, _render
-from llmbatch.activities.write import _openai_lines
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ItemStatus, ResultSource
 from llmbatch.formats.shards import ShardPlan
 from llmbatch.ledger.items import LedgerRow
+from llmbatch.stages.encode import OpenAIWriter
 from llmbatch.storage.stores import open_store
 from llmbatch.workers.startup import GC_THRESHOLDS
 
@@ -106,7 +106,7 @@ def main() -> None:
                 for i in items
             ]  # fmt: skip
             t4 = time.process_time()
-            _openai_lines(spec, entries, {})
+            OpenAIWriter(spec).encode(entries, rows={}, vectors={})
             t5 = time.process_time()
             loop()
             t6 = time.process_time()

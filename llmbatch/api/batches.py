@@ -35,7 +35,7 @@ from llmbatch.client.temporal import model_has_worker, start_api_batch
 from llmbatch.contract.messages import ApiBatchRecordInput
 from llmbatch.contract.spec import ApiBatch, ApiEndpoint, InputFormat, JobSpec, Task
 from llmbatch.contract.states import BatchStatus, FailureType
-from llmbatch.formats import openai_batch
+from llmbatch.formats import openai_validation
 from llmbatch.ledger import api_layout, api_records, served_models
 from llmbatch.ledger.api_records import FINAL_STATUSES, set_batch_status
 from llmbatch.provider.placement import place
@@ -209,7 +209,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             400,
             "The batch input file is empty.",
             param="input_file_id",
-            code=openai_batch.EMPTY_FILE,
+            code=openai_validation.EMPTY_FILE,
         )
     if model is None and source.bytes > MODEL_SCAN_BYTES and b"\n" not in head:
         # Validation would refuse it too: a line is at most a job's max_row_bytes.
@@ -217,7 +217,7 @@ async def create_batch(body: CreateBatch, project: Project, svc: Svc) -> Batch:
             400,
             f"Line 1 is longer than the limit of {MODEL_SCAN_BYTES} bytes.",
             param="input_file_id",
-            code=openai_batch.LINE_TOO_LARGE,
+            code=openai_validation.LINE_TOO_LARGE,
         )
     if model is None:
         raise ApiError(

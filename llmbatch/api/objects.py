@@ -9,7 +9,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from llmbatch.contract.states import BatchStatus
-from llmbatch.formats.openai_batch import BatchError
+from llmbatch.formats.openai_validation import BatchError
 
 FilePurpose = Literal["batch", "batch_output"]
 T = TypeVar("T")

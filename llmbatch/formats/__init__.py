@@ -10,8 +10,10 @@ writing output files.
   rows come back with an error and their line, never raise.
 - :mod:`~llmbatch.formats.writers`: output JSONL/Parquet (staged records between a
   shard's steps are :mod:`llmbatch.formats.records`).
-- :mod:`~llmbatch.formats.openai_batch`: the OpenAI Batch API's request and output
-  lines and the validation of a whole batch file.
+- OpenAI batch JSONL, one concern a module: :mod:`~llmbatch.formats.openai_requests`
+  (request lines into requests), :mod:`~llmbatch.formats.openai_output` (output and
+  error-file lines) and :mod:`~llmbatch.formats.openai_validation` (a whole batch file
+  checked before it runs).
 - :mod:`~llmbatch.formats.records`: the staged rows and requests a shard's steps hand
   each other (JSONL); :mod:`~llmbatch.formats.vectors`: an embed job's staged vectors.
 - :mod:`~llmbatch.formats.planning`: planning a job: inputs into shards, templates

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from llmbatch import formats, storage
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
-from llmbatch.formats import openai_batch
+from llmbatch.formats import openai_requests, openai_validation
 from llmbatch.rendering.pool import render_isolated
 from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
 
@@ -65,7 +65,7 @@ def inspect_inputs(spec: JobSpec, store_for: StoreFor, limits: RenderLimits) -> 
 
 def validate_api_batch(
     spec: JobSpec, store_for: StoreFor, *, max_requests: int
-) -> list[openai_batch.BatchError]:
+) -> list[openai_validation.BatchError]:
     """Every line of an OpenAI Batch API batch's input checked, as OpenAI checks a
     batch file before running any of it; the errors found (none: the batch may run).
 
@@ -75,7 +75,7 @@ def validate_api_batch(
     batch = spec.api_batch
     if batch is None:
         return []
-    validator = openai_batch.BatchValidator(
+    validator = openai_validation.BatchValidator(
         endpoint=batch.endpoint, model=spec.model, max_requests=max_requests
     )
     for uri in spec.inputs:
@@ -182,16 +182,16 @@ def _check_request_sample(spec: JobSpec, obj: storage.base.ObjectInfo, store_for
         sampled += 1
         try:
             if spec.task is Task.EMBED:
-                openai_batch.parse_embedding_request(
+                openai_requests.parse_embedding_request(
                     request, defaults=spec.embed_options, model=spec.model
                 )
             else:
-                openai_batch.parse(
+                openai_requests.parse(
                     request, defaults=spec.sampling, model=spec.model, endpoint=spec.endpoint
                 )
-        except openai_batch.WrongTask as exc:
+        except openai_requests.WrongTask as exc:
             wrong_task.append(f"{obj.uri} line {line}: {exc}")
-        except openai_batch.InvalidRequest:
+        except openai_requests.InvalidRequest:
             continue
     if wrong_task and len(wrong_task) == sampled:
         # Not one line of this job's kind: a file of the other kind, the task not given.

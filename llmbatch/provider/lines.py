@@ -20,7 +20,7 @@ from llmbatch.engine.requests import (
     check_structured,
     prepare,
 )
-from llmbatch.formats.openai_batch import BATCH_CANCELLED, BATCH_EXPIRED
+from llmbatch.formats.openai_output import BATCH_CANCELLED, BATCH_EXPIRED
 from llmbatch.remote.engine import request_payload
 from llmbatch.remote.http import classify
 

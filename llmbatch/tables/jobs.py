@@ -11,14 +11,10 @@ from typing import Any
 
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec
-from llmbatch.contract.states import ItemStatus
 from llmbatch.contract.tables import TableUri, parse_table_uri
 from llmbatch.formats import planning
 from llmbatch.formats.readers import SourceRow
-from llmbatch.formats.records import StagedRow
 from llmbatch.formats.shards import ShardPlan
-from llmbatch.formats.vectors import Vectors, floats
-from llmbatch.ledger.items import LedgerRow
 from llmbatch.rendering.templates import RenderLimits
 from llmbatch.tables import sink, source
 from llmbatch.tables.connect import TableError, connect
@@ -89,52 +85,9 @@ async def read_shard(plan: ShardPlan, settings: Settings, *, max_row_bytes: int)
         return [row async for row in rows]
 
 
-async def write_shard(
-    spec: JobSpec,
-    settings: Settings,
-    entries: list[LedgerRow],
-    rows: dict[str, StagedRow],
-    vectors: Vectors | None,
-) -> int:
-    """Upsert one output row per item of a shard into the job's output table."""
+async def write_rows(spec: JobSpec, settings: Settings, rows: list[dict[str, Any]]) -> int:
+    """Upsert a shard's output rows (:class:`llmbatch.stages.encode.TableWriter`'s) into
+    the job's output table."""
     table: TableUri = parse_table_uri(spec.output_uri, output=True)
-    out = [_row(spec, e, rows.get(e.item_id), vectors) for e in entries]
     async with connect(table, settings) as conn:
-        return await sink.upsert(conn, table, spec, out)
-
-
-def _row(
-    spec: JobSpec, entry: LedgerRow, staged: StagedRow | None, vectors: Vectors | None
-) -> dict[str, Any]:
-    result = entry.result or {}
-    dead = entry.status is ItemStatus.DEAD
-    fields = None
-    if spec.output_fields is not None:
-        own = (staged.fields if staged is not None else None) or {}
-        fields = {k: own.get(k) for k in spec.output_fields}
-    row: dict[str, Any] = {
-        "item_id": entry.item_id,
-        "job_id": spec.job_id,
-        "status": str(entry.status),
-        "prompt_tokens": entry.prompt_tokens,
-        "input": fields,
-        "error_class": str(entry.error_class) if dead and entry.error_class else None,
-        "error": (
-            {"message": entry.error_message, "source": entry.source, "attempts": entry.attempt}
-            if dead
-            else None
-        ),
-    }
-    if vectors is not None:
-        vector = vectors.get(entry.item_id, [b""])[0] or None
-        row["embedding"] = None if vector is None else floats(vector)
-        return row
-    row.update(
-        text=result.get("text"),
-        parsed=result.get("parsed"),
-        finish_reason=result.get("finish_reason"),
-        completion_tokens=entry.completion_tokens,
-        result_source=None if entry.result_source is None else str(entry.result_source),
-        shared_with=entry.shared_with,
-    )
-    return row
+        return await sink.upsert(conn, table, spec, rows)

@@ -7,7 +7,7 @@ from typing import Any
 
 from llmbatch.activities.render import _hashes, _render, _templated
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
-from llmbatch.formats.openai_batch import CHAT_COMPLETIONS_URL
+from llmbatch.formats.openai_requests import CHAT_COMPLETIONS_URL
 from llmbatch.formats.records import StagedRow
 from llmbatch.rendering.pool import Rendered
 from llmbatch.rendering.templates import PromptTemplate

@@ -74,7 +74,6 @@ ALLOWED: dict[str, set[str]] = {
         "llmbatch.config",
         "llmbatch.contract",
         "llmbatch.formats",
-        "llmbatch.ledger.items",
         "llmbatch.rendering.templates",
     },
     "llmbatch.remote": {
@@ -86,10 +85,11 @@ ALLOWED: dict[str, set[str]] = {
     "llmbatch.provider": {
         "llmbatch.contract",
         "llmbatch.engine.requests",
-        "llmbatch.formats.openai_batch",
+        "llmbatch.formats.openai_output",
         "llmbatch.ledger.db",
         "llmbatch.remote",
     },
+    "llmbatch.stages": {"llmbatch.contract", "llmbatch.formats", "llmbatch.ledger.items"},
     "llmbatch.client": {
         "llmbatch.config",
         "llmbatch.contract",
