@@ -21,6 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from llmbatch import storage
 from llmbatch.client.temporal import TemporalUnavailable, connect_to, connection
 from llmbatch.config import Settings, redact
+from llmbatch.errors import LlmBatchError
 from llmbatch.ledger.migrate import MigrationError, load_migrations
 from llmbatch.security.connection import explain_connect_error
 from llmbatch.workers.shutdown import one_line
@@ -35,7 +36,7 @@ _NO_BUCKET_CODES = {"404", "NoSuchBucket", "NotFound"}
 _BAD_CREDENTIALS_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 
 
-class StartupCheckFailed(RuntimeError):
+class StartupCheckFailed(LlmBatchError, RuntimeError):
     """A service a worker needs is unreachable or misconfigured; the message is one
     line naming it and where it is, with no secret in it."""
 

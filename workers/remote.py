@@ -25,6 +25,7 @@ from llmbatch.activities.drain import Drain
 from llmbatch.activities.generate import GenerateActivities
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
+from llmbatch.errors import LlmBatchError
 from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CONCURRENT_ACTIVITIES = 8
 
 
-class RemoteWorkerError(RuntimeError):
+class RemoteWorkerError(LlmBatchError, RuntimeError):
     """The remote worker cannot start; one line."""
 
 

@@ -13,6 +13,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from llmbatch.activities.drain import Drain
+from llmbatch.errors import LlmBatchError
 
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
@@ -60,7 +61,7 @@ async def _shut_down(worker: Worker, *, name: str, drain: Drain | None) -> None:
 HEALTH_TIMEOUT = timedelta(seconds=5)
 
 
-class ConnectionLost(RuntimeError):
+class ConnectionLost(LlmBatchError, RuntimeError):
     """A service went away while a worker ran or stopped; the message is one line."""
 
 

@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.service import RPCError, RPCStatusCode
 
+from llmbatch.errors import LlmBatchError
+
 log = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ class ErrorType(enum.StrEnum):
     SERVER = "server_error"
 
 
-class ApiError(Exception):
+class ApiError(LlmBatchError):
     """An answer other than success: raised anywhere in a request, rendered by the app."""
 
     def __init__(

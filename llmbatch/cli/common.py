@@ -31,6 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from llmbatch.client.temporal import TemporalUnavailable
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobSummary
+from llmbatch.errors import LlmBatchError
 from llmbatch.formats import planning
 
 # soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
@@ -42,7 +43,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable outpu
 JobIdArgument = Annotated[str, typer.Argument(help="The job id (its workflow id).")]
 
 
-class CliError(Exception):
+class CliError(LlmBatchError):
     """A command's failure, raised under :func:`run`: one line on stderr, exit code 1."""
 
 

@@ -15,11 +15,12 @@ from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
 from llmbatch.contract.priority import TenantQuota, quota_refusal
 from llmbatch.contract.spec import JobSpec
+from llmbatch.errors import LlmBatchError
 
 QUOTA_SETTING = "LLMBATCH_TENANT_QUOTAS"
 
 
-class QuotaExceeded(Exception):
+class QuotaExceeded(LlmBatchError):
     """A job asks for more than its tenant's quota allows; the message says what."""
 
 

@@ -39,6 +39,7 @@ from llmbatch.contract.messages import BatchJobInput
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW
 from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import JobSpec
+from llmbatch.errors import LlmBatchError
 
 # A run's job id is "<name>-<20-character time>" and must fit the 128 characters
 # of a job id; no ":" in names, so the time is the only part that has one.
@@ -50,7 +51,7 @@ MEMO_KEY = "llm_batch"
 CATCHUP_WINDOW = timedelta(hours=1)
 
 
-class ScheduleError(Exception):
+class ScheduleError(LlmBatchError):
     """A schedule operation that cannot be done; the message is one line for a person."""
 
 

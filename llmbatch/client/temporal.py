@@ -28,6 +28,7 @@ from llmbatch.contract.messages import ApiBatchRecordInput, BatchJobInput, JobSu
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW, CREATE_API_BATCH_UPDATE
 from llmbatch.contract.priority import task_priority
 from llmbatch.contract.spec import JobSpec, Task
+from llmbatch.errors import LlmBatchError
 from llmbatch.security.codec import EncryptionCodec, Keyring, KeyringError, load_keyring
 from llmbatch.security.connection import (
     ConnectionConfigError,
@@ -37,7 +38,7 @@ from llmbatch.security.connection import (
 )
 
 
-class TemporalUnavailable(RuntimeError):
+class TemporalUnavailable(LlmBatchError, RuntimeError):
     """Temporal cannot be reached, or refused the connection: one line naming the cause."""
 
 

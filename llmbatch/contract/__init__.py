@@ -19,5 +19,6 @@ shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
 - ``states`` also holds the item state machine (``ITEM_TRANSITIONS``) and ``names``
   the naming rules of models (``model_identity``, ``model_slug``).
 
-May import: nothing of llmbatch outside the contract (tests/workflows/test_imports.py).
+May import: nothing of llmbatch outside the contract but :mod:`llmbatch.errors`, the
+root of its exceptions, which imports nothing (tests/workflows/test_imports.py).
 """

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from llmbatch.errors import LlmBatchError
+
 TABLE_SCHEMES = ("postgresql", "postgres")
 # URI parameters a table URI may carry besides table/query (libpq's TLS choice).
 _OPTIONAL_PARAMS = ("sslmode",)
@@ -29,7 +31,7 @@ _TABLE_NAME = re.compile(rf"^(?:({_IDENT})\.)?({_IDENT})$")
 _READ_QUERY = re.compile(r"^\s*(?:select|with|values|table)\b", re.IGNORECASE)
 
 
-class TableUriError(ValueError):
+class TableUriError(LlmBatchError, ValueError):
     """A table URI that can never be used as written; the message says why in a line."""
 
 

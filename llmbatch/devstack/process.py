@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psutil
 
+from llmbatch.errors import LlmBatchError
+
 # SeaweedFS reaches some gRPC services at "http port + 10000" whatever their flags say.
 GRPC_OFFSET = 10000
 # Ports we pick stay below this, so their gRPC twin is a valid port too.
@@ -50,7 +52,7 @@ class LoggedProcess(subprocess.Popen[bytes]):
         return f"{self.args!r} exited with {self.returncode}; last lines of {self.log}:\n{shown}"
 
 
-class DevStackError(RuntimeError):
+class DevStackError(LlmBatchError, RuntimeError):
     """A part of the embedded stack failed; the message is one line naming part and log."""
 
 

@@ -21,12 +21,13 @@ from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import SamplingParams
 
 from llmbatch.contract.spec import SamplingSpec
+from llmbatch.errors import LlmBatchError
 
 # vLLM writes a logprob of -inf as this (JSON has no infinity), as OpenAI does.
 MIN_LOGPROB = -9999.0
 
 
-class InvalidParams(ValueError):
+class InvalidParams(LlmBatchError, ValueError):
     """The request's parameters are not ones vLLM runs: the item's InvalidRequest."""
 
 

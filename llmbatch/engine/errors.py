@@ -3,12 +3,14 @@ without importing one another."""
 
 import sys
 
+from llmbatch.errors import LlmBatchError
 
-class EngineArgumentError(ValueError):
+
+class EngineArgumentError(LlmBatchError, ValueError):
     """An engine argument vLLM does not declare, or a value it refuses; one line."""
 
 
-class EndpointRefusedError(RuntimeError):
+class EndpointRefusedError(LlmBatchError, RuntimeError):
     """A remote endpoint cannot serve any request of the job as configured: it refused
     the API key (401/403), or does not serve the model. Not an item's fault and not
     transient: the generate activity pauses the job (its items stay pending) until it

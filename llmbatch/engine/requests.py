@@ -18,13 +18,14 @@ from pydantic import BaseModel, Field, model_validator
 
 from llmbatch.contract.spec import EmbedSpec, SamplingSpec
 from llmbatch.contract.states import ErrorClass
+from llmbatch.errors import LlmBatchError
 
 if TYPE_CHECKING:
     from vllm.pooling_params import PoolingParams
     from vllm.sampling_params import SamplingParams
 
 
-class RequestAbortedError(RuntimeError):
+class RequestAbortedError(LlmBatchError, RuntimeError):
     """vLLM ended a request as aborted or errored though we did not cancel it.
 
     Not the item's fault, so it is raised (the activity retries) rather than

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from llmbatch.contract.spec import JSONL_EXTENSIONS, InputFormat
+from llmbatch.errors import LlmBatchError
 
 # How much of an object to read to tell its format or list its fields.
 SNIFF_BYTES = 256 << 10
@@ -18,7 +19,7 @@ _COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".snappy", ".zip")
 OPENAI_KEYS = frozenset({"custom_id", "url", "body"})
 
 
-class FormatError(ValueError):
+class FormatError(LlmBatchError, ValueError):
     """An input whose format cannot be told or read; retrying will not help."""
 
 

@@ -24,6 +24,7 @@ from llmbatch.contract.spec import (
     EmbedSpec,
     SamplingSpec,
 )
+from llmbatch.errors import LlmBatchError
 
 CHAT_COMPLETIONS_URL = ApiEndpoint.CHAT_COMPLETIONS.value
 COMPLETIONS_URL = ApiEndpoint.COMPLETIONS.value
@@ -37,7 +38,7 @@ OPENAI_DEFAULT_TEMPERATURE = 1.0
 MODEL_NAME_CHARS = 200
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(LlmBatchError, ValueError):
     """An OpenAI batch line that llm-batch cannot run (never will: not retryable)."""
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from llmbatch import formats, storage
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
+from llmbatch.errors import LlmBatchError
 from llmbatch.formats import openai_requests, openai_validation
 from llmbatch.rendering.pool import render_isolated
 from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
@@ -18,7 +19,7 @@ from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateE
 StoreFor = Callable[[str], storage.base.ObjectStore]
 
 
-class InvalidJobSpec(ValueError):
+class InvalidJobSpec(LlmBatchError, ValueError):
     """The job can never run as given; the message says why."""
 
 

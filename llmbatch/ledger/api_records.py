@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from llmbatch.contract.states import BatchStatus
+from llmbatch.errors import LlmBatchError
 from llmbatch.ledger.db import Database, transaction
 
 Order = Literal["asc", "desc"]
@@ -166,7 +167,7 @@ class BatchRow:
     cancelled_at: datetime | None
 
 
-class TooManyBatches(Exception):
+class TooManyBatches(LlmBatchError):
     """The project already has its limit of unfinished batches."""
 
 

@@ -22,6 +22,8 @@ from importlib.resources.abc import Traversable
 
 import asyncpg
 
+from llmbatch.errors import LlmBatchError
+
 _NAME = re.compile(r"^(\d{4})_[A-Za-z0-9_]+\.sql$")
 _FIRST = "0001_initial.sql"
 # Any constant shared by every llm-batch process; it names the lock, nothing else.
@@ -37,7 +39,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 
 
-class MigrationError(Exception):
+class MigrationError(LlmBatchError):
     """The migrations folder and the database disagree, or a migration failed."""
 
 

@@ -21,6 +21,7 @@ from datetime import datetime
 import asyncpg
 
 from llmbatch.contract.states import FINAL_JOB_STATES, ItemStatus
+from llmbatch.errors import LlmBatchError
 from llmbatch.ledger.db import Database, transaction
 
 # Rows deleted per statement.
@@ -62,7 +63,7 @@ _DELETE_BATCH = {
 _FIRST_KEY: dict[str, object] = {"items": "", "dead_letters": "", "shards": -1, "dedup_leads": ""}
 
 
-class NotPurgeable(Exception):
+class NotPurgeable(LlmBatchError):
     """A job that must not be purged (unknown, not finished, or being re-driven)."""
 
 

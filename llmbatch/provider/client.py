@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from llmbatch.errors import LlmBatchError
 from llmbatch.remote.endpoints import Endpoint
 from llmbatch.remote.http import scrub
 
@@ -23,7 +24,7 @@ LIST_PAGE = 100
 _decode = msgspec.json.Decoder().decode
 
 
-class ProviderError(RuntimeError):
+class ProviderError(LlmBatchError, RuntimeError):
     """The provider answered with an error (or not at all); the activity retries."""
 
 

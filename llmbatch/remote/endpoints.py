@@ -17,6 +17,7 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmbatch.contract.spec import ENDPOINT_NAME_PATTERN
+from llmbatch.errors import LlmBatchError
 from llmbatch.ledger.db import Database
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -25,7 +26,7 @@ DEFAULT_MAX_CONCURRENCY = 64
 DEFAULT_TIMEOUT_S = 600.0
 
 
-class EndpointError(ValueError):
+class EndpointError(LlmBatchError, ValueError):
     """An endpoint that is not there, or options it cannot take; one line."""
 
 

@@ -34,6 +34,7 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from llmbatch.contract.spec import ChatMessage
+from llmbatch.errors import LlmBatchError
 
 # Jinja names the source of a template from a string "<template>" in tracebacks.
 _TEMPLATE_FILENAME = "<template>"
@@ -57,12 +58,12 @@ class RenderLimits:
     max_memory_bytes: int = 1 << 30
 
 
-class TemplateError(ValueError):
+class TemplateError(LlmBatchError, ValueError):
     """A template does not compile, or a row cannot fill it. The message never
     quotes row values."""
 
 
-class _OutputTooLarge(Exception):
+class _OutputTooLarge(LlmBatchError):
     """A render (or a value it builds) went over ``RenderLimits.max_bytes``."""
 
 

@@ -39,6 +39,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
 
 from llmbatch.config import Settings
+from llmbatch.errors import LlmBatchError
 
 ENCODING = b"binary/encrypted"
 CIPHER = b"AES256-GCM"
@@ -51,7 +52,7 @@ KEY_BYTES = 32
 STATE_KEYRING_FILE = "codec-keys.json"
 
 
-class KeyringError(ValueError):
+class KeyringError(LlmBatchError, ValueError):
     """The keyring cannot be used; the message names its source, never a key."""
 
 
@@ -63,7 +64,7 @@ DECRYPT_HINT = (
 )
 
 
-class DecryptError(ValueError):
+class DecryptError(LlmBatchError, ValueError):
     """A payload cannot be decrypted (unknown key id, or tampered or wrong-key data)."""
 
 

@@ -37,6 +37,7 @@ from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, DataSourc
 from temporalio.service import TLSConfig
 
 from llmbatch.config import Settings
+from llmbatch.errors import LlmBatchError
 
 CA_SETTING = "TEMPORAL_TLS_SERVER_CA_CERT_PATH"
 CERT_SETTING = "TEMPORAL_TLS_CLIENT_CERT_PATH"
@@ -44,7 +45,7 @@ KEY_SETTING = "TEMPORAL_TLS_CLIENT_KEY_PATH"
 API_KEY_SETTING = "TEMPORAL_API_KEY"
 
 
-class ConnectionConfigError(ValueError):
+class ConnectionConfigError(LlmBatchError, ValueError):
     """Temporal's connection settings cannot be used (one line, no secret in it)."""
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from llmbatch.contract.uris import split_scheme
+from llmbatch.errors import LlmBatchError
 
 if TYPE_CHECKING:
     pass
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 READ_BUFFER = 1 << 20
 
 
-class StorageError(Exception):
+class StorageError(LlmBatchError):
     """A storage failure that retrying will not fix (bad URI, missing object, denied)."""
 
 

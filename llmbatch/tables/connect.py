@@ -16,6 +16,7 @@ import asyncpg
 from llmbatch.config import Settings
 from llmbatch.contract import tables as table_uris
 from llmbatch.contract.tables import TableUri
+from llmbatch.errors import LlmBatchError
 
 # SQLSTATE classes worth a retry: connection exceptions (08), transaction rollbacks
 # such as serialization failures and deadlocks (40), insufficient resources (53),
@@ -27,7 +28,7 @@ CONNECT_TIMEOUT_S = 30.0
 APPLICATION_NAME = "llm-batch"
 
 
-class TableError(Exception):
+class TableError(LlmBatchError):
     """A database error that retrying will not cure; the message is one line."""
 
 
