@@ -16,6 +16,7 @@ DEFAULT_OUT = Path("docs/reference")
 
 @app.command("generate")
 def generate(
+    ctx: typer.Context,
     out: Annotated[
         Path, typer.Option(help="Folder of the reference pages (docs/reference in the repo).")
     ] = DEFAULT_OUT,
@@ -29,11 +30,14 @@ def generate(
     """Generate the reference pages (CLI, settings, job spec, errors, metrics) from the code."""
     from llmbatch import reference
 
+    # The tree this command is part of: the reference describes it, and needs to
+    # import no command module to get it.
+    command = ctx.find_root().command
     if check:
-        stale = reference.stale(out)
+        stale = reference.stale(out, command=command)
         if stale:
             raise fail(f"out of date in {out}: {', '.join(stale)}; run `llm-batch docs generate`")
         typer.echo(f"{out} is up to date")
         return
-    changed = reference.write(out)
+    changed = reference.write(out, command=command)
     typer.echo(f"wrote {', '.join(changed)}" if changed else f"{out} is up to date")

@@ -1,4 +1,6 @@
-"""The CLI reference: every command of the Typer app and each of its options."""
+"""The CLI reference: every command of the ``llm-batch`` command tree and each of its
+options. The tree is handed in (by ``llm-batch docs``, from its own root): this module
+imports no command module, so the CLI and the reference import one way."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import enum
 from collections.abc import Iterator
 from typing import Any
 
+import click
 import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
@@ -15,11 +18,8 @@ from llmbatch.reference.markdown import code, page, prose, symbolic, table
 _SKIPPED_PARAMS = frozenset({"install_completion", "show_completion"})
 
 
-def render() -> str:
-    # Imported here: the app imports every command module, which the other pages need not.
-    from llmbatch.cli.main import app
-
-    root = typer.main.get_command(app)
+def render(root: click.Command) -> str:
+    """The page of ``root``, the ``llm-batch`` command, and every command under it."""
     ctx = typer.Context(root, info_name="llm-batch")
     commands = list(_walk(ctx))
     summary = table(

@@ -246,3 +246,16 @@ def test_the_modules_of_each_package_import_no_circle() -> None:
         }
         graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
         assert _circle(graph) == [], package
+
+
+def test_the_reference_pages_import_nothing_of_the_cli() -> None:
+    """``llm-batch docs`` imports the reference package and hands it the command tree;
+    the reference importing the CLI's app back made a circle (cli/docs.py <->
+    reference/cli.py)."""
+    wrong = [
+        f"{_module(path)} imports {name}"
+        for path in sorted((ROOT / "llmbatch" / "reference").rglob("*.py"))
+        for name, _ in _imports(path)
+        if _within(name, {"llmbatch.cli"})
+    ]
+    assert wrong == []
