@@ -7,6 +7,8 @@ shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
 :mod:`~llmbatch.contract.names`.
 
 - ``spec``: what a caller sends (JobSpec and its parts).
+- ``choices``: the enums of the spec's fields and the priority range, plain Python
+  (no pydantic, no Temporal), for the CLI's options.
 - ``states``: job states, item statuses and error classes (enums).
 - ``explanations``: each error class's and failure type's cause and remedy.
 - ``names``: workflow, activity, signal, query and update names; workflow ids.

@@ -23,12 +23,8 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.common import Priority
 
-# Temporal's default number of priority levels (the server's matching.priorityLevels):
-# 1 runs first, 5 last.
-HIGHEST_PRIORITY = 1
-LOWEST_PRIORITY = 5
-# What a task without a priority key gets: (1 + levels) / 2.
-DEFAULT_PRIORITY = (HIGHEST_PRIORITY + LOWEST_PRIORITY) // 2
+from llmbatch.contract.choices import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
+
 # Temporal's limits on a fairness key (64 bytes; ASCII here, so 64 characters) and
 # weight (it clamps to this range).
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,63}$"

@@ -20,6 +20,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmbatch.contract import tables, uris
+from llmbatch.contract.choices import EndpointVia, InputFormat, OutputFormat, Task
 from llmbatch.contract.priority import (
     HIGHEST_PRIORITY,
     LOWEST_PRIORITY,
@@ -52,43 +53,6 @@ AUTO_LARGEST_SHARD_ROWS = 10_000
 # validation (run in workflows, which may not import I/O code) needs them too;
 # format detection imports them from here, so the two never disagree.
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json-lines", ".jsonlines")
-
-
-class InputFormat(enum.StrEnum):
-    """How input rows are encoded. ``openai`` is OpenAI batch JSONL."""
-
-    JSONL = "jsonl"
-    CSV = "csv"
-    PARQUET = "parquet"
-    OPENAI = "openai"
-    # A Postgres table or read-only query (llmbatch.contract.tables): set from the URI.
-    TABLE = "table"
-
-
-class Task(enum.StrEnum):
-    """What a job does with each row: generate text, or embed it as one vector.
-
-    A GPU worker serves one task for one model, and its task queue is named for both
-    (``Settings.gpu_task_queue``), so a job never lands on a worker of the other task.
-    """
-
-    GENERATE = "generate"
-    EMBED = "embed"
-
-
-class EndpointVia(enum.StrEnum):
-    """How a job on a remote endpoint reaches it: request by request (``online``), or
-    shard by shard as provider batches through its Files + Batches API (``batch``)."""
-
-    ONLINE = "online"
-    BATCH = "batch"
-
-
-class OutputFormat(enum.StrEnum):
-    """How a job's output parts are written: JSON lines, or Parquet columns."""
-
-    JSONL = "jsonl"
-    PARQUET = "parquet"
 
 
 class _Strict(BaseModel):
