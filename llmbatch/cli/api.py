@@ -8,16 +8,19 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from llmbatch.cli._support.common import CliError, JsonOption, emit_json, out, run
+
 if TYPE_CHECKING:
     import asyncpg
 
-from llmbatch.cli.common import CliError, JsonOption, emit_json, out, run
-from llmbatch.config import Settings
-from llmbatch.contract.priority import TENANT_PATTERN
+    from llmbatch.config import Settings
 
+app = typer.Typer()
 keys_app = typer.Typer(no_args_is_help=True)
+app.add_typer(keys_app, name="api-key", help="API keys of the OpenAI Batch API.")
 
 
+@app.command("serve")
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[
@@ -32,6 +35,7 @@ def serve(
     import uvicorn
 
     from llmbatch.api.app import create_app
+    from llmbatch.config import Settings
 
     settings = Settings()
     uvicorn.run(
@@ -42,12 +46,6 @@ def serve(
         # No "server: uvicorn" header: callers need not learn what runs behind the API.
         server_header=False,
     )
-
-
-def register(app: typer.Typer) -> None:
-    """Add `serve` and the `api-key` group to the top-level app."""
-    app.command("serve")(serve)
-    app.add_typer(keys_app, name="api-key", help="API keys of the OpenAI Batch API.")
 
 
 async def _pool(settings: Settings) -> asyncpg.Pool:
@@ -62,11 +60,14 @@ def create_key(
     as_json: JsonOption = False,
 ) -> None:
     """Make a key for PROJECT and print it once (only its hash is kept)."""
+    from llmbatch.config import Settings
+
     run(_create(Settings(), project=project, as_json=as_json))
 
 
 async def _create(settings: Settings, *, project: str, as_json: bool) -> None:
     from llmbatch.api.auth import create_key as new_key
+    from llmbatch.contract.priority import TENANT_PATTERN
 
     if re.fullmatch(TENANT_PATTERN, project) is None:
         # A project is its batches' tenant, so it is named as tenants are.
@@ -89,6 +90,8 @@ async def _create(settings: Settings, *, project: str, as_json: bool) -> None:
 @keys_app.command("list")
 def list_keys(as_json: JsonOption = False) -> None:
     """List keys (ids and projects; never the keys themselves)."""
+    from llmbatch.config import Settings
+
     run(_list(Settings(), as_json=as_json))
 
 
@@ -126,6 +129,8 @@ async def _list(settings: Settings, *, as_json: bool) -> None:
 @keys_app.command("revoke")
 def revoke_key(key_id: Annotated[str, typer.Argument(help="The key's id (key_...).")]) -> None:
     """Revoke a key: calls with it answer 401 from now on."""
+    from llmbatch.config import Settings
+
     run(_revoke(Settings(), key_id=key_id))
 
 

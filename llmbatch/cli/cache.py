@@ -7,16 +7,18 @@ from typing import Annotated
 
 import typer
 
-from llmbatch.cli.common import emit_json, fail, out, parse_age, run, with_pool
-from llmbatch.config import Settings
+from llmbatch.cli._support.common import emit_json, fail, out, parse_age, run, with_pool
 from llmbatch.contract.names import model_identity
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(
+    name="cache", help="The result cache across jobs: stats, purge.", no_args_is_help=True
+)
 
 
 @app.command("stats")
 def stats(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Entries, hits and age of the result cache, per model and weights."""
+    from llmbatch.config import Settings
     from llmbatch.dedup import result_cache
 
     rows = run(with_pool(Settings(), result_cache.stats))
@@ -43,6 +45,7 @@ def purge(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Delete cached results (all of them unless --older-than or --model narrow it)."""
+    from llmbatch.config import Settings
     from llmbatch.dedup import result_cache
 
     try:

@@ -10,12 +10,14 @@ from typing import Annotated
 
 import typer
 
-from llmbatch.cli.common import emit_json, fail
-from llmbatch.config import Settings
+from llmbatch.cli._support.common import emit_json, fail
 
+app = typer.Typer()
 keys_app = typer.Typer(no_args_is_help=True)
+app.add_typer(keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
 
 
+@app.command("codec-server")
 def codec_server(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[
@@ -38,6 +40,7 @@ def codec_server(
     --codec-endpoint URL --codec-auth "Bearer KEY"`."""
     import uvicorn
 
+    from llmbatch.config import Settings
     from llmbatch.security.codec import KeyringError, load_keyring, state_keyring_path
     from llmbatch.security.codec_server import codec_app
 
@@ -68,7 +71,7 @@ def codec_server(
     keyring_file = None
     if settings.codec_keys is None:
         keyring_file = settings.codec_keys_file or state_keyring_path(settings)
-    app = codec_app(
+    server = codec_app(
         keyring=keyring,
         api_key=api_key,
         ui_origins=ui_origin or [settings.web_ui_url],
@@ -76,7 +79,7 @@ def codec_server(
     )
     # Access logs would print the Web UI's endpoint path, which may hold the key.
     uvicorn.run(
-        app,
+        server,
         host=host,
         port=port or settings.codec_server_port,
         access_log=False,
@@ -98,6 +101,7 @@ def rotate(
     """Add a new random key and make it current: new payloads use it, older ones still
     decrypt with the keys kept. Workers read the keyring when they start (restart
     them); a running codec server reading this file follows it at once."""
+    from llmbatch.config import Settings
     from llmbatch.security.codec import (
         KeyringError,
         new_keyring,

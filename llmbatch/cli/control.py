@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
-from temporalio.client import (
-    Client,
-    WorkflowExecution,
-    WorkflowExecutionStatus,
-    WorkflowHandle,
-    WorkflowUpdateFailedError,
-)
 
-from llmbatch.cli import progress
-from llmbatch.cli.common import (
+from llmbatch.cli._support.common import (
+    DEFAULT_LINE_INTERVAL_S,
     CliError,
     JobIdArgument,
     JsonOption,
@@ -28,31 +20,31 @@ from llmbatch.cli.common import (
     out,
     run,
 )
-from llmbatch.cli.jobview import follow_job, print_summary
-from llmbatch.client.temporal import connect
-from llmbatch.config import Settings
-from llmbatch.contract import search_attributes as sa
-from llmbatch.contract.messages import JobControlState, JobProgress
+from llmbatch.contract.choices import DEFAULT_PRIORITY
 from llmbatch.contract.names import BATCH_JOB_WORKFLOW, PAUSE_UPDATE, PROGRESS_QUERY, RESUME_UPDATE
-from llmbatch.contract.priority import DEFAULT_PRIORITY
 from llmbatch.contract.progress import format_duration
+
+if TYPE_CHECKING:
+    from temporalio.client import (
+        Client,
+        WorkflowExecution,
+        WorkflowExecutionStatus,
+        WorkflowHandle,
+    )
+
+    from llmbatch.config import Settings
+    from llmbatch.contract.messages import JobProgress
 
 CANCEL_WAIT_S = 60.0
 LIST_QUERY_TIMEOUT = timedelta(seconds=5)
 
-
-def register(app: typer.Typer) -> None:
-    """Add the control commands to the top-level app."""
-    app.command("watch")(watch)
-    app.command("list")(list_jobs)
-    app.command("cancel")(cancel)
-    app.command("pause")(pause)
-    app.command("resume")(resume)
+app = typer.Typer()
 
 
 # --- watch --------------------------------------------------------------------------
 
 
+@app.command("watch")
 def watch(
     job_id: JobIdArgument,
     interval: Annotated[
@@ -60,17 +52,25 @@ def watch(
         typer.Option(
             help="Seconds between progress lines when stdout is not a terminal (and with --json)."
         ),
-    ] = progress.DEFAULT_LINE_INTERVAL_S,
+    ] = DEFAULT_LINE_INTERVAL_S,
     as_json: JsonOption = False,
 ) -> None:
     """Follow a job until it ends: a live bar in a terminal, periodic lines otherwise.
 
     With --json: one JSON object per line, progress records then the summary.
     """
+    from llmbatch.config import Settings
+
     run(_watch(Settings(), job_id, interval_s=interval, as_json=as_json))
 
 
 async def _watch(settings: Settings, job_id: str, *, interval_s: float, as_json: bool) -> None:
+    from temporalio.client import WorkflowExecutionStatus
+
+    from llmbatch.cli._support import progress
+    from llmbatch.cli._support.jobview import follow_job, print_summary
+    from llmbatch.client.temporal import connect
+
     client = await connect(settings)
     handle, description = await find_job(client, settings, job_id)
     if description.status not in (None, WorkflowExecutionStatus.RUNNING):
@@ -91,15 +91,22 @@ async def _watch(settings: Settings, job_id: str, *, interval_s: float, as_json:
 # --- list ---------------------------------------------------------------------------
 
 
+@app.command("list")
 def list_jobs(
     limit: Annotated[int, typer.Option(min=1, help="How many jobs, newest first.")] = 20,
     as_json: JsonOption = False,
 ) -> None:
     """List recent jobs: state, progress, dead items, model and age."""
+    from llmbatch.config import Settings
+
     run(_list(Settings(), limit=limit, as_json=as_json))
 
 
 async def _list(settings: Settings, *, limit: int, as_json: bool) -> None:
+    import asyncio
+
+    from llmbatch.client.temporal import connect
+
     client = await connect(settings)
     # A job that continued as new has one closed run per continuation: list the
     # live (or last) run only.
@@ -134,6 +141,10 @@ async def _list(settings: Settings, *, limit: int, as_json: bool) -> None:
 async def _job_row(client: Client, execution: WorkflowExecution) -> dict[str, Any]:
     """One job as `list` shows it: visibility's counts (updated coarsely by the job),
     refined for running jobs by their progress query, which also knows "paused"."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    from llmbatch.contract import search_attributes as sa
+
     attrs = execution.typed_search_attributes
     status = _status_name(execution.status)
     row: dict[str, Any] = {
@@ -179,6 +190,8 @@ async def _job_row(client: Client, execution: WorkflowExecution) -> dict[str, An
 
 
 async def _query_quietly(handle: WorkflowHandle[Any, Any]) -> JobProgress | None:
+    from llmbatch.contract.messages import JobProgress
+
     try:
         return await handle.query(
             PROGRESS_QUERY, result_type=JobProgress, rpc_timeout=LIST_QUERY_TIMEOUT
@@ -198,16 +211,23 @@ def _status_name(status: WorkflowExecutionStatus | None) -> str:
 # --- cancel -------------------------------------------------------------------------
 
 
+@app.command("cancel")
 def cancel(
     job_id: JobIdArgument,
     as_json: JsonOption = False,
 ) -> None:
     """Cancel a job: its shards stop, in-flight engine requests are aborted, and every
     item finished so far stays in the ledger."""
+    from llmbatch.config import Settings
+
     run(_cancel(Settings(), job_id, as_json=as_json))
 
 
 async def _cancel(settings: Settings, job_id: str, *, as_json: bool) -> None:
+    from temporalio.client import WorkflowExecutionStatus
+
+    from llmbatch.client.temporal import connect
+
     client = await connect(settings)
     handle, description = await find_job(client, settings, job_id)
     if description.status != WorkflowExecutionStatus.RUNNING:
@@ -236,6 +256,10 @@ async def _cancel(settings: Settings, job_id: str, *, as_json: bool) -> None:
 
 async def _wait_closed(handle: WorkflowHandle[Any, Any], *, within_s: float) -> str:
     """The job's status once it is no longer running, or "running" after ``within_s``."""
+    import asyncio
+
+    from temporalio.client import WorkflowExecutionStatus
+
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
         description = await handle.describe()
@@ -249,24 +273,35 @@ async def _wait_closed(handle: WorkflowHandle[Any, Any], *, within_s: float) -> 
 # --- pause / resume -----------------------------------------------------------------
 
 
+@app.command("pause")
 def pause(
     job_id: JobIdArgument,
     as_json: JsonOption = False,
 ) -> None:
     """Pause a job: no new shards and no new engine requests start (those in the
     engine finish). Resume with `llm-batch resume JOB`."""
+    from llmbatch.config import Settings
+
     run(_control(Settings(), job_id, PAUSE_UPDATE, as_json=as_json))
 
 
+@app.command("resume")
 def resume(
     job_id: JobIdArgument,
     as_json: JsonOption = False,
 ) -> None:
     """Resume a paused job."""
+    from llmbatch.config import Settings
+
     run(_control(Settings(), job_id, RESUME_UPDATE, as_json=as_json))
 
 
 async def _control(settings: Settings, job_id: str, update: str, *, as_json: bool) -> None:
+    from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+
+    from llmbatch.client.temporal import connect
+    from llmbatch.contract.messages import JobControlState
+
     client = await connect(settings)
     handle, description = await find_job(client, settings, job_id)
     if description.status != WorkflowExecutionStatus.RUNNING:

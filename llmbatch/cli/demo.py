@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from llmbatch.cli.common import fail, job_url, out
-from llmbatch.cli.jobview import follow_job, print_summary, show_results
-from llmbatch.config import Settings
-from llmbatch.contract.spec import Task
+from llmbatch.cli._support.common import fail, job_url, out
+from llmbatch.contract.choices import Task
+
+if TYPE_CHECKING:
+    from llmbatch.config import Settings
+
+app = typer.Typer()
 
 TINY_EMBED_NOTE = (
     "[yellow]No --model given: embedding with a tiny model with random weights, built on "
@@ -27,6 +29,7 @@ TINY_MODEL_NOTE = (
 )
 
 
+@app.command("demo")
 def demo(
     model: Annotated[
         str | None, typer.Option(help="Model id or path; default a tiny local model.")
@@ -40,6 +43,9 @@ def demo(
 ) -> None:
     """Start the embedded stack and workers, classify a customers CSV (or, with --task
     embed, embed each company's description into a Parquet file), print the results."""
+    import asyncio
+
+    from llmbatch.config import Settings
     from llmbatch.devstack import DevStack, DevStackError
     from llmbatch.devstack.api import DevApi
 
@@ -83,7 +89,10 @@ def demo(
 async def _run_embed_demo(
     settings: Settings, model: str, *, rows: int, shard_size: int, gpu_args: list[str]
 ) -> None:
+    import asyncio
+
     from llmbatch import storage
+    from llmbatch.cli._support.jobview import follow_job, print_summary
     from llmbatch.client.temporal import connect, start_job
     from llmbatch.contract.spec import JobSpec, OutputFormat
     from llmbatch.devstack import demo as d
@@ -145,7 +154,10 @@ async def _run_embed_demo(
 
 
 async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: int) -> None:
+    import asyncio
+
     from llmbatch import storage
+    from llmbatch.cli._support.jobview import follow_job, print_summary, show_results
     from llmbatch.client.temporal import connect, start_job
     from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
     from llmbatch.devstack import demo as d

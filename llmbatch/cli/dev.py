@@ -8,19 +8,29 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from llmbatch.cli.common import fail
-from llmbatch.config import Settings
+from llmbatch.cli._support.common import fail
 
 if TYPE_CHECKING:
+    from llmbatch.config import Settings
     from llmbatch.devstack import DevStack
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(
+    name="dev",
+    help="The embedded stack: Temporal, Postgres, S3 on this machine.",
+    no_args_is_help=True,
+)
+
+
+def _settings() -> Settings:
+    from llmbatch.config import Settings
+
+    return Settings()
 
 
 def _stack() -> DevStack:
     from llmbatch.devstack import DevStack
 
-    return DevStack(Settings())
+    return DevStack(_settings())
 
 
 @app.command("up")
@@ -46,7 +56,7 @@ def up(
         if encrypt:
             stack.enable_encryption()
         status = stack.up()
-        api = DevApi(Settings()).up()
+        api = DevApi(_settings()).up()
     except DevStackError as exc:
         raise fail(str(exc)) from None
     if as_json:
@@ -68,7 +78,7 @@ def down() -> None:
 
     stack = _stack()
     try:
-        DevApi(Settings()).down()
+        DevApi(_settings()).down()
         stack.down()
     except DevStackError as exc:
         raise fail(str(exc)) from None
@@ -83,7 +93,7 @@ def status(
     from llmbatch.devstack.api import DevApi
 
     state = _stack().status()
-    api = DevApi(Settings()).status()
+    api = DevApi(_settings()).status()
     if as_json:
         typer.echo(json.dumps({**state.model_dump(), "api": api.model_dump()}, indent=2))
     else:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch.cli.common import (
+from llmbatch.cli._support.common import (
     CliError,
     JobIdArgument,
     JsonOption,
@@ -19,13 +17,18 @@ from llmbatch.cli.common import (
     out,
     run,
 )
-from llmbatch.client.temporal import connect
-from llmbatch.config import Settings
-from llmbatch.contract.dead_letters import DeadLetterView, RedriveRequest, RedriveResult
 from llmbatch.contract.names import DEAD_LETTERS_QUERY, REDRIVE_UPDATE, dead_letter_workflow_id
 from llmbatch.contract.states import ErrorClass
 
-app = typer.Typer(no_args_is_help=True)
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from llmbatch.config import Settings
+    from llmbatch.contract.dead_letters import DeadLetterView, RedriveRequest
+
+app = typer.Typer(
+    name="dlq", help="A job's dead items: list them, re-drive them.", no_args_is_help=True
+)
 
 
 @app.command("list")
@@ -37,6 +40,8 @@ def list_command(
     as_json: JsonOption = False,
 ) -> None:
     """List a job's dead items: id, error class, message, attempts, source line."""
+    from llmbatch.config import Settings
+
     run(_list(Settings(), job_id, classes=error_class, as_json=as_json))
 
 
@@ -60,6 +65,9 @@ def redrive_command(
     as_json: JsonOption = False,
 ) -> None:
     """Run dead items again (all, or the given ids or classes); wait for the outcome."""
+    from llmbatch.config import Settings
+    from llmbatch.contract.dead_letters import RedriveRequest
+
     item_ids = [i.strip() for value in ids or [] for i in value.split(",") if i.strip()] or None
     request = RedriveRequest(
         item_ids=item_ids,
@@ -86,6 +94,10 @@ def _parse_sets(values: list[str]) -> dict[str, Any]:
 
 async def _view(client: Client, settings: Settings, job_id: str) -> DeadLetterView | None:
     """The job's dead-letter list, or None when no item of it ever died."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from llmbatch.contract.dead_letters import DeadLetterView
+
     await find_job(client, settings, job_id)  # a clear error for an unknown job
     handle = client.get_workflow_handle(dead_letter_workflow_id(job_id))
     try:
@@ -105,6 +117,9 @@ async def _view(client: Client, settings: Settings, job_id: str) -> DeadLetterVi
 async def _list(
     settings: Settings, job_id: str, *, classes: list[ErrorClass] | None, as_json: bool
 ) -> None:
+    from llmbatch.client.temporal import connect
+    from llmbatch.contract.dead_letters import DeadLetterView
+
     client = await connect(settings)
     view = await _view(client, settings, job_id)
     if view is None:
@@ -151,6 +166,11 @@ async def _list(
 async def _redrive(
     settings: Settings, job_id: str, request: RedriveRequest, *, as_json: bool
 ) -> None:
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from llmbatch.client.temporal import connect
+    from llmbatch.contract.dead_letters import RedriveResult
+
     client = await connect(settings)
     if await _view(client, settings, job_id) is None:
         raise CliError(f"job {job_id} has no dead items to re-drive")

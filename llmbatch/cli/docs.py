@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
-from llmbatch.cli.common import fail
+from llmbatch.cli._support.common import fail
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(
+    name="docs", help="The docs site's generated reference pages.", no_args_is_help=True
+)
 
 DEFAULT_OUT = Path("docs/reference")
 
@@ -33,6 +36,7 @@ def generate(
     # The tree this command is part of: the reference describes it, and needs to
     # import no command module to get it.
     command = ctx.find_root().command
+    assert isinstance(command, TyperGroup), "llm-batch is an app of many commands"
     if check:
         stale = reference.stale(out, command=command)
         if stale:

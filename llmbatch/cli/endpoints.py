@@ -6,16 +6,30 @@ The API key is never given here: ``--api-key-env`` names the environment variabl
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from llmbatch.cli.common import CliError, emit_json, out, run, with_pool
-from llmbatch.config import Settings
-from llmbatch.contract.spec import EndpointVia
+from llmbatch.cli._support.common import CliError, emit_json, out, run, with_pool
+from llmbatch.contract.choices import EndpointVia
 
-app = typer.Typer(no_args_is_help=True)
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from llmbatch.config import Settings
+
+app = typer.Typer(
+    name="endpoint",
+    help="Remote OpenAI-compatible endpoints and their limits.",
+    no_args_is_help=True,
+)
+
+
+def _settings() -> Settings:
+    from llmbatch.config import Settings
+
+    return Settings()
+
 
 _BaseUrl = Annotated[str, typer.Option(help="The API's base URL, e.g. http://host:8000/v1.")]
 _KeyEnv = Annotated[
@@ -92,6 +106,8 @@ def _batch_options(given: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def _set_batch_api(pool: Any, name: str, changes: dict[str, Any] | None) -> None:
+    from pydantic import ValidationError
+
     from llmbatch.provider.settings import set_batch_api
 
     if changes is None:
@@ -136,6 +152,8 @@ def add(
     batch_window: _BatchWindow = None,
 ) -> None:
     """Declare an OpenAI-compatible endpoint (a vLLM/SGLang/TGI server, a gateway, an API)."""
+    from pydantic import ValidationError
+
     from llmbatch.ledger.db import transaction
     from llmbatch.remote.endpoints import EndpointConfig, EndpointError, add_endpoint
 
@@ -170,7 +188,7 @@ def add(
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, served = run(with_pool(Settings(), use))
+    endpoint, served = run(with_pool(_settings(), use))
     out.print(
         f"endpoint [bold]{endpoint.name}[/bold] added: {_line(endpoint, served)}", highlight=False
     )
@@ -200,6 +218,8 @@ def update(
     batch_window: _BatchWindow = None,
 ) -> None:
     """Change some of an endpoint's options (new limits reach running workers' leases)."""
+    from pydantic import ValidationError
+
     from llmbatch.ledger.db import transaction
     from llmbatch.remote.endpoints import EndpointError, update_endpoint
 
@@ -230,7 +250,7 @@ def update(
         except ValidationError as exc:
             raise _invalid(exc) from None
 
-    endpoint, served = run(with_pool(Settings(), use))
+    endpoint, served = run(with_pool(_settings(), use))
     out.print(f"endpoint [bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
 
 
@@ -242,7 +262,7 @@ def list_(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     async def use(pool: Any) -> Any:
         return [(e, await _served(pool, e.name)) for e in await list_endpoints(pool)]
 
-    endpoints = run(with_pool(Settings(), use))
+    endpoints = run(with_pool(_settings(), use))
     if as_json:
         emit_json([{**e.model_dump(mode="json"), "serves": served} for e, served in endpoints])
         return
@@ -274,7 +294,7 @@ def show(
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    endpoint, served, state, batch_api = run(with_pool(Settings(), use))
+    endpoint, served, state, batch_api = run(with_pool(_settings(), use))
     if as_json:
         batch = {"batch_api": batch_api.model_dump() if batch_api else None}
         emit_json(
@@ -298,7 +318,7 @@ def remove(name: Annotated[str, typer.Argument()]) -> None:
         except EndpointError as exc:
             raise CliError(str(exc)) from None
 
-    run(with_pool(Settings(), use))
+    run(with_pool(_settings(), use))
     out.print(f"endpoint [bold]{name}[/bold] removed")
 
 
@@ -306,7 +326,7 @@ async def _set_routes(
     db: Any, name: str, serve_as: list[str] | None, serve_embeddings_as: list[str] | None
 ) -> None:
     """The routes given (each list replaces the endpoint's routes of its task)."""
-    from llmbatch.contract.spec import Task
+    from llmbatch.contract.choices import Task
     from llmbatch.remote.routes import set_routes
 
     for task, models in ((Task.GENERATE, serve_as), (Task.EMBED, serve_embeddings_as)):

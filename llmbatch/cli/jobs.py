@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import secrets
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from temporalio.client import Client
 
-from llmbatch.cli.common import (
+from llmbatch.cli._support.common import (
     CliError,
     JobIdArgument,
     JsonOption,
@@ -20,36 +18,25 @@ from llmbatch.cli.common import (
     out,
     run,
 )
-from llmbatch.cli.jobview import (
-    describe_job,
-    follow_job,
-    print_summary,
-    show_results,
-    usage_line,
-)
-from llmbatch.cli.options import JobOptions, check_inputs, job_options, place_job
-from llmbatch.client.queues import describe_queue
-from llmbatch.client.quotas import QuotaExceeded, check_quota
-from llmbatch.client.temporal import connect, model_has_worker, start_job, started_spec
-from llmbatch.config import Settings
-from llmbatch.contract.messages import JobProgress, JobSummary
-from llmbatch.contract.priority import DEFAULT_PRIORITY
+from llmbatch.cli._support.options import JobOptions, check_inputs, job_options, place_job
+from llmbatch.contract.choices import DEFAULT_PRIORITY, EndpointVia, Task
 from llmbatch.contract.progress import format_duration
-from llmbatch.contract.spec import EndpointVia, JobSpec, Task
 from llmbatch.contract.states import ErrorClass, JobState
 
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
-def register(app: typer.Typer) -> None:
-    """Add the job commands to the top-level app."""
-    app.command("submit")(submit)
-    app.command("status")(status)
-    app.command("results")(results)
-    app.command("schema")(schema)
+    from llmbatch.config import Settings
+    from llmbatch.contract.messages import JobProgress, JobSummary
+    from llmbatch.contract.spec import JobSpec
+
+app = typer.Typer()
 
 
 # --- submit -------------------------------------------------------------------------
 
 
+@app.command("submit")
 @job_options
 def submit(
     job: JobOptions,
@@ -79,6 +66,8 @@ def submit(
     ] = False,
 ) -> None:
     """Submit a batch job (validated before anything is scheduled)."""
+    from llmbatch.config import Settings
+
     settings = Settings()
     spec = job.to_spec(settings, job_id=job_id)
     if not spec.job_id:
@@ -96,6 +85,8 @@ def submit(
 async def _refuse_other_spec(client: Client, spec: JobSpec) -> None:
     """A second submit of a job id follows the job only when it asks for the same job:
     following another spec's job with exit 0 would pass its results off as this one's."""
+    from llmbatch.client.temporal import started_spec
+
     existing = await started_spec(client, spec.job_id)
     if existing is None:
         return
@@ -112,6 +103,8 @@ async def _refuse_other_spec(client: Client, spec: JobSpec) -> None:
 
 
 def _new_job_id() -> str:
+    import secrets
+
     return f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
@@ -124,6 +117,10 @@ async def _submit(
     require_worker: bool,
     attach: bool,
 ) -> None:
+    from llmbatch.cli._support.jobview import follow_job, print_summary
+    from llmbatch.client.quotas import QuotaExceeded, check_quota
+    from llmbatch.client.temporal import connect, start_job
+
     await check_inputs(spec, settings)
     spec = await place_job(spec, settings)
     client = await connect(settings)
@@ -157,7 +154,8 @@ async def _submit(
 
 
 async def _estimate(spec: JobSpec, settings: Settings, *, as_json: bool) -> None:
-    from llmbatch.cli.estimate import estimate
+    from llmbatch.cli._support.estimate import estimate
+    from llmbatch.formats.planning import InvalidJobSpec
     from llmbatch.remote.endpoints import EndpointError
 
     await check_inputs(spec, settings)
@@ -170,7 +168,7 @@ async def _estimate(spec: JobSpec, settings: Settings, *, as_json: bool) -> None
         )
     try:
         found = await estimate(spec, settings)
-    except EndpointError as exc:  # removed since place_job looked
+    except (EndpointError, InvalidJobSpec) as exc:  # removed since place_job looked
         raise CliError(str(exc)) from None
     if as_json:
         emit_json(found.as_dict())
@@ -190,6 +188,8 @@ async def _check_worker(
     endpoint: str | None = None,
 ) -> None:
     """A job for a model nobody serves would wait for a worker: say so before it starts."""
+    from llmbatch.client.temporal import model_has_worker
+
     if await model_has_worker(client, settings, model, task=task, endpoint=endpoint):
         return
     queue = settings.gpu_task_queue(model, task, endpoint=endpoint)
@@ -217,15 +217,22 @@ async def _check_worker(
 # --- status / results ---------------------------------------------------------------
 
 
+@app.command("status")
 def status(
     job_id: JobIdArgument,
     as_json: JsonOption = False,
 ) -> None:
     """Show a job's state, counts, tokens and throughput."""
+    from llmbatch.config import Settings
+
     run(_status(Settings(), job_id, as_json=as_json))
 
 
 async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
+    from llmbatch.cli._support.jobview import describe_job, usage_line
+    from llmbatch.client.queues import describe_queue
+    from llmbatch.client.temporal import connect, model_has_worker, started_spec
+
     workflow_state, p = await describe_job(settings, job_id)
     elapsed = _elapsed(p)
     rate = p.items_done / elapsed if elapsed else 0.0
@@ -302,6 +309,8 @@ def placement(priority: int | None, tenant: str | None) -> str:
 
 
 def _elapsed(p: JobProgress | JobSummary) -> float:
+    from llmbatch.contract.messages import JobSummary
+
     if isinstance(p, JobSummary) and p.elapsed_s:
         return p.elapsed_s
     if p.started_at is None:
@@ -309,18 +318,25 @@ def _elapsed(p: JobProgress | JobSummary) -> float:
     return (datetime.now(UTC) - datetime.fromisoformat(p.started_at)).total_seconds()
 
 
+@app.command("results")
 def results(
     job_id: JobIdArgument,
     rows: Annotated[int, typer.Option("--rows", "-n", help="How many rows to show.")] = 5,
     as_json: JsonOption = False,
 ) -> None:
     """Say where a finished job's output is and show its first rows."""
+    from llmbatch.cli._support.jobview import show_results
+    from llmbatch.config import Settings
+
     run(show_results(Settings(), job_id, rows=rows, as_json=as_json))
 
 
 # --- schema -------------------------------------------------------------------------
 
 
+@app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of JobSpec, for services that start jobs in other languages."""
+    from llmbatch.contract.spec import JobSpec
+
     emit_json(JobSpec.model_json_schema())

@@ -1,4 +1,10 @@
-"""Entry point of the ``llm-batch`` console script: one Typer app, one module per group."""
+"""Entry point of the ``llm-batch`` console script: one Typer app, one module per group.
+
+Every command module declares a Typer ``app``: a group's is named (``dlq``,
+``schedule``, ...), while the commands of one that is not named (``jobs``: ``submit``,
+``status``, ...) join the top level. Each is added here the same way, in the order
+``--help`` lists them.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from llmbatch.cli import (
     schedules,
     worker,
 )
-from llmbatch.cli.common import leave_if_client_command
+from llmbatch.cli._support.common import leave_if_client_command
 from llmbatch.engine import parent_death
 
 # A multiprocessing child spawned by an engine of this process imports this module as
@@ -50,26 +56,24 @@ app = _App(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(
-    dev.app, name="dev", help="The embedded stack: Temporal, Postgres, S3 on this machine."
-)
-app.add_typer(worker.app, name="worker", help="Run a CPU, GPU or remote worker.")
-app.add_typer(schedules.app, name="schedule", help="Recurring jobs on Temporal Schedules.")
-app.add_typer(dlq.app, name="dlq", help="A job's dead items: list them, re-drive them.")
-app.add_typer(
-    endpoints.app, name="endpoint", help="Remote OpenAI-compatible endpoints and their limits."
-)
-app.add_typer(cache.app, name="cache", help="The result cache across jobs: stats, purge.")
-app.command("migrate")(migrate.migrate_command)
-app.command("purge")(purge.purge)
-app.command("demo")(demo.demo)
-app.command("queues")(queues.queues)
-app.command("codec-server")(codec.codec_server)
-app.add_typer(codec.keys_app, name="codec-key", help="Payload encryption keys: rotate them.")
-app.add_typer(docs.app, name="docs", help="The docs site's generated reference pages.")
-jobs.register(app)
-control.register(app)
-api.register(app)
+for module in (
+    jobs,
+    control,
+    dlq,
+    schedules,
+    demo,
+    dev,
+    worker,
+    queues,
+    endpoints,
+    cache,
+    purge,
+    migrate,
+    api,
+    codec,
+    docs,
+):
+    app.add_typer(module.app)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 from urllib.parse import urlsplit
 
 import typer
 
-from llmbatch.cli.common import fail
-from llmbatch.config import Settings
+from llmbatch.cli._support.common import fail
+
+app = typer.Typer()
 
 
+@app.command("migrate")
 def migrate_command() -> None:
     """Apply the SQL migrations to the configured Postgres."""
+    import asyncio
+
     import asyncpg
 
+    from llmbatch.config import Settings
     from llmbatch.ledger.migrate import MigrationError, apply_migrations
 
     settings = Settings()

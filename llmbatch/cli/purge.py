@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmbatch.cli.common import (
+from llmbatch.cli._support.common import (
     CliError,
     JsonOption,
     emit_json,
@@ -19,9 +19,11 @@ from llmbatch.cli.common import (
     run,
     with_pool,
 )
-from llmbatch.config import Settings
+
+app = typer.Typer()
 
 
+@app.command("purge")
 def purge(
     job: Annotated[
         list[str] | None, typer.Option("--job", help="A finished job to purge (repeatable).")
@@ -38,6 +40,8 @@ def purge(
     Running and paused jobs, and jobs whose dead items a re-drive is running, are never
     touched: a job named with --job that is not finished is refused.
     """
+    from llmbatch.config import Settings
+
     if not job and older_than is None:
         raise fail("say what to purge: --job ID, --older-than AGE, or both")
     try:

@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from llmbatch import ledger
-from llmbatch.cli.common import emit_json, out, run
-from llmbatch.client.queues import QueueBacklog
-from llmbatch.client.temporal import connect
-from llmbatch.config import Settings
+from llmbatch.cli._support.common import emit_json, out, run
 from llmbatch.contract.progress import format_duration
-from llmbatch.workers.queues import read_queues
+
+if TYPE_CHECKING:
+    from llmbatch.client.queues import QueueBacklog
+    from llmbatch.config import Settings
+
+app = typer.Typer()
 
 
+@app.command("queues")
 def queues(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Show each engine task queue: Temporal's backlog (tasks waiting, oldest age,
     add and dispatch rates), its pollers, and the ledger's unfinished items for its
     model and task. A queue with no poller and unfinished items waits for a worker."""
+    from llmbatch.config import Settings
+
     run(_queues(Settings(), as_json=as_json))
 
 
 async def _queues(settings: Settings, *, as_json: bool) -> None:
+    from llmbatch import ledger
+    from llmbatch.client.temporal import connect
+    from llmbatch.workers.queues import read_queues
+
     client = await connect(settings)
     pool = await ledger.db.create_pool(
         settings.postgres_dsn.get_secret_value(), min_size=1, max_size=2

@@ -1,7 +1,7 @@
 """``llm-batch schedule create|list|trigger|delete``: recurring jobs on Temporal Schedules.
 
 ``create`` takes the same job options as ``submit`` (both from
-:mod:`llmbatch.cli.options`) except ``--job-id``: each run's job id is
+:mod:`llmbatch.cli._support.options`) except ``--job-id``: each run's job id is
 ``<name>-<scheduled UTC time>``.
 """
 
@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from temporalio.client import ScheduleOverlapPolicy
 
-from llmbatch.cli.common import CliError, JsonOption, emit_json, fail, out, run
-from llmbatch.cli.options import JobOptions, check_inputs, job_options, place_job
-from llmbatch.client import schedules
-from llmbatch.client.temporal import connect
-from llmbatch.config import Settings
-from llmbatch.contract.spec import JobSpec
+from llmbatch.cli._support.common import CliError, JsonOption, emit_json, fail, out, run
+from llmbatch.cli._support.options import JobOptions, check_inputs, job_options, place_job
 
-app = typer.Typer(no_args_is_help=True)
+if TYPE_CHECKING:
+    from temporalio.client import ScheduleOverlapPolicy
+
+    from llmbatch.client import schedules
+    from llmbatch.config import Settings
+    from llmbatch.contract.spec import JobSpec
+
+app = typer.Typer(
+    name="schedule", help="Recurring jobs on Temporal Schedules.", no_args_is_help=True
+)
 
 T = TypeVar("T")
 
@@ -37,11 +41,15 @@ class Overlap(enum.StrEnum):
 
     @property
     def policy(self) -> ScheduleOverlapPolicy:
+        from temporalio.client import ScheduleOverlapPolicy
+
         return ScheduleOverlapPolicy[self.name]
 
 
 async def _guard(call: Awaitable[T]) -> T:
     """Schedule errors become the CLI's one-line errors."""
+    from llmbatch.client import schedules
+
     try:
         return await call
     except schedules.ScheduleError as exc:
@@ -72,6 +80,9 @@ def create(
     as_json: JsonOption = False,
 ) -> None:
     """Run a job on a cron schedule; every run is a new job."""
+    from llmbatch.client import schedules
+    from llmbatch.config import Settings
+
     try:
         schedules.check_name(name)  # before the slower spec and input checks
     except schedules.ScheduleError as exc:
@@ -107,6 +118,9 @@ async def _create(
     check: bool,
     as_json: bool,
 ) -> None:
+    from llmbatch.client import schedules
+    from llmbatch.client.temporal import connect
+
     if check:
         await check_inputs(spec, settings)
     # The endpoint is settled now, once: each run starts the spec as stored.
@@ -140,10 +154,15 @@ async def _create(
 @app.command("list")
 def list_(as_json: JsonOption = False) -> None:
     """List the schedules that start llm-batch jobs."""
+    from llmbatch.config import Settings
+
     run(_list(Settings(), as_json=as_json))
 
 
 async def _list(settings: Settings, *, as_json: bool) -> None:
+    from llmbatch.client import schedules
+    from llmbatch.client.temporal import connect
+
     client = await connect(settings)
     found = await _guard(schedules.list_schedules(client))
     if as_json:
@@ -168,10 +187,15 @@ def trigger(
     as_json: JsonOption = False,
 ) -> None:
     """Start a run of the schedule now (a new job, as a scheduled run is)."""
+    from llmbatch.config import Settings
+
     run(_trigger(Settings(), name, as_json=as_json))
 
 
 async def _trigger(settings: Settings, name: str, *, as_json: bool) -> None:
+    from llmbatch.client import schedules
+    from llmbatch.client.temporal import connect
+
     client = await connect(settings)
     await _guard(schedules.trigger_schedule(client, name))
     if as_json:
@@ -186,10 +210,15 @@ def delete(
     as_json: JsonOption = False,
 ) -> None:
     """Delete a schedule; jobs it started go on."""
+    from llmbatch.config import Settings
+
     run(_delete(Settings(), name, as_json=as_json))
 
 
 async def _delete(settings: Settings, name: str, *, as_json: bool) -> None:
+    from llmbatch.client import schedules
+    from llmbatch.client.temporal import connect
+
     client = await connect(settings)
     await _guard(schedules.delete_schedule(client, name))
     if as_json:

@@ -11,15 +11,17 @@ worker's image need not have vLLM.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from llmbatch.cli.common import fail, runs_temporal_client
-from llmbatch.config import Settings
-from llmbatch.contract.spec import Task
+from llmbatch.cli._support.common import fail, runs_temporal_client
+from llmbatch.contract.choices import Task
 
-app = typer.Typer(no_args_is_help=True)
+if TYPE_CHECKING:
+    from llmbatch.config import Settings
+
+app = typer.Typer(name="worker", help="Run a CPU, GPU or remote worker.", no_args_is_help=True)
 
 ENGINE_ARGS_HELP = (
     "Any vLLM engine argument, spelt as vLLM's CLI spells it, e.g. --max-model-len 4096 "
@@ -47,6 +49,8 @@ DrainTimeout = Annotated[
 
 
 def _settings(drain_timeout: float | None) -> Settings:
+    from llmbatch.config import Settings
+
     if drain_timeout is None:
         return Settings()
     return Settings(drain_timeout=timedelta(seconds=drain_timeout))

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 from llmbatch.reference import cli, errors, index, metrics, settings, spec
 
 if TYPE_CHECKING:
-    import click
+    from typer.core import TyperGroup
 
 #: The files under docs/reference/, in the order :func:`render_all` gives them.
 PAGES = ("index.md", "cli.md", "settings.md", "job-spec.md", "errors.md", "metrics.md")
 
 
-def render_all(command: click.Command) -> dict[str, str]:
+def render_all(command: TyperGroup) -> dict[str, str]:
     """Every reference page's file name and text; ``command`` is the CLI's root command
     (``llm-batch`` itself), whose commands and options the CLI page lists."""
     return {
@@ -39,7 +39,7 @@ def render_all(command: click.Command) -> dict[str, str]:
     }
 
 
-def write(out_dir: Path, *, command: click.Command) -> list[str]:
+def write(out_dir: Path, *, command: TyperGroup) -> list[str]:
     """Write every page under ``out_dir``; the names of those whose text changed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     changed = []
@@ -51,7 +51,7 @@ def write(out_dir: Path, *, command: click.Command) -> list[str]:
     return changed
 
 
-def stale(out_dir: Path, *, command: click.Command) -> list[str]:
+def stale(out_dir: Path, *, command: TyperGroup) -> list[str]:
     """The pages under ``out_dir`` that are missing or differ from what the code gives."""
     return [
         name

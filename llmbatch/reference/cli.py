@@ -8,7 +8,6 @@ import enum
 from collections.abc import Iterator
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
@@ -18,7 +17,7 @@ from llmbatch.reference.markdown import code, page, prose, symbolic, table
 _SKIPPED_PARAMS = frozenset({"install_completion", "show_completion"})
 
 
-def render(root: click.Command) -> str:
+def render(root: TyperGroup) -> str:
     """The page of ``root``, the ``llm-batch`` command, and every command under it."""
     ctx = typer.Context(root, info_name="llm-batch")
     commands = list(_walk(ctx))

@@ -22,8 +22,16 @@ from llmbatch.telemetry import INSTRUMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "docs" / "reference"
-# The llm-batch command, as the docs command hands it to the reference.
-COMMAND = typer.main.get_command(app)
+
+
+def _root() -> typer.core.TyperGroup:
+    """The llm-batch command, as the docs command hands it to the reference."""
+    root = typer.main.get_command(app)
+    assert isinstance(root, typer.core.TyperGroup)  # an app of many commands
+    return root
+
+
+COMMAND = _root()
 
 
 def test_committed_reference_matches_the_code(tmp_path: Path) -> None:
@@ -82,7 +90,6 @@ def test_every_setting_has_a_description() -> None:
 def test_references_name_every_command_setting_error_and_metric() -> None:
     pages = reference.render_all(COMMAND)
     root = COMMAND
-    assert isinstance(root, typer.core.TyperGroup)  # an app of many commands
     ctx = typer.Context(root, info_name="llm-batch")
     for name in root.list_commands(ctx):
         sub = root.get_command(ctx, name)

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from llmbatch import ledger
-from llmbatch.cli.options import JobOptions
+from llmbatch.cli._support.options import JobOptions
 from llmbatch.config import Settings
 from llmbatch.contract.names import model_identity
 from llmbatch.dedup import result_cache

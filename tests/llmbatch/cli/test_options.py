@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from llmbatch.cli.options import JobOptions
+from llmbatch.cli._support.options import JobOptions
 from llmbatch.config import Settings
 from llmbatch.contract.spec import EmbedSpec, Task
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from llmbatch.cli import progress
+from llmbatch.cli._support import progress
 from llmbatch.contract.messages import JobProgress, TokenCounts
 from llmbatch.contract.progress import format_duration
 from llmbatch.contract.states import JobState

@@ -193,7 +193,7 @@ def _params(command: Any) -> dict[str, dict[str, Any]]:
 
 
 def test_schedule_create_takes_every_job_option_of_submit() -> None:
-    """Both get the job options from llmbatch.cli.options (declared once there); this
+    """Both get the job options from llmbatch.cli._support.options (declared once there); this
     checks that each command really presents all of them to Typer, alike."""
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)

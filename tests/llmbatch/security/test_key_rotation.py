@@ -12,7 +12,7 @@ import pytest
 from pydantic import SecretStr
 from temporalio.client import Client
 
-from llmbatch.cli.jobview import last_task_failure
+from llmbatch.cli._support.jobview import last_task_failure
 from llmbatch.client.temporal import connect, start_job, started_spec
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobProgress, JobSummary

@@ -25,7 +25,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from llmbatch.cli.common import emit_json_line
+from llmbatch.cli._support.common import DEFAULT_LINE_INTERVAL_S, emit_json_line
 from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.progress import format_duration
@@ -37,7 +37,6 @@ from llmbatch.contract.states import JobState
 RATE_WINDOW_S = 60.0
 POLL_EVERY_S = 1.0
 QUERY_TIMEOUT = timedelta(seconds=10)
-DEFAULT_LINE_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """How a job is shown: its state, following it to the end, its summary, its results.
 
-Shared by the job, control and demo commands. Apart from :mod:`llmbatch.cli.common`
-because it needs :mod:`llmbatch.cli.progress`, which itself builds on ``common``.
+Shared by the job, control and demo commands, which import it when they run (it
+imports Temporal and the contract's models).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import (
@@ -22,9 +22,8 @@ from temporalio.client import (
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError
 
-from llmbatch import storage
-from llmbatch.cli import progress
-from llmbatch.cli.common import CliError, emit_json, failure_message, find_job, out
+from llmbatch.cli._support import progress
+from llmbatch.cli._support.common import CliError, emit_json, failure_message, find_job, out
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
@@ -33,6 +32,9 @@ from llmbatch.contract.messages import JobProgress, JobSummary, Usage
 from llmbatch.contract.names import DEAD_LETTERS_QUERY, PROGRESS_QUERY, dead_letter_workflow_id
 from llmbatch.contract.states import JobState
 from llmbatch.security.codec import DECRYPT_HINT, DECRYPT_HINT_MARK, DecryptError
+
+if TYPE_CHECKING:
+    from llmbatch.storage.base import ObjectStore
 
 
 async def describe_job(settings: Settings, job_id: str) -> tuple[str, JobProgress | JobSummary]:
@@ -149,6 +151,9 @@ def usage_line(usage: Usage) -> str:
 
 async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: bool) -> None:
     """Where a finished job's output is, and its first ``rows`` rows."""
+    # The object store's clients load only here: `status` never reads the output.
+    from llmbatch import storage
+
     state, p = await describe_job(settings, job_id)
     if not isinstance(p, JobSummary):
         raise CliError(f"job {job_id} has no results yet (workflow {state})")
@@ -171,9 +176,7 @@ async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: b
         out.print_json(data=row)
 
 
-def _first_rows(
-    store: storage.base.ObjectStore, parts: list[str], limit: int
-) -> list[dict[str, Any]]:
+def _first_rows(store: ObjectStore, parts: list[str], limit: int) -> list[dict[str, Any]]:
     from llmbatch import formats
 
     found: list[dict[str, Any]] = []

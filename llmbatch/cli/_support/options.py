@@ -9,33 +9,35 @@ field here (and a line in ``to_spec``), and both commands have it.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
 import typer
-from pydantic import ValidationError
 
-from llmbatch import storage
-from llmbatch.cli.common import CliError, fail
-from llmbatch.config import Settings
+from llmbatch.cli._support.common import CliError, fail
 from llmbatch.contract import uris
-from llmbatch.contract.priority import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
-from llmbatch.contract.spec import (
-    ChatMessage,
+from llmbatch.contract.choices import (
+    DEFAULT_PRIORITY,
+    HIGHEST_PRIORITY,
+    LOWEST_PRIORITY,
     EndpointVia,
     InputFormat,
-    JobSpec,
     OutputFormat,
     Task,
 )
-from llmbatch.formats import planning
-from llmbatch.tables import jobs as tables
+
+if TYPE_CHECKING:
+    # The commands' signatures are built from JobOptions whenever the CLI starts: the
+    # spec's models, pydantic and the storage code load when a job is made.
+    from pydantic import ValidationError
+
+    from llmbatch.config import Settings
+    from llmbatch.contract.spec import JobSpec
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -179,6 +181,10 @@ class JobOptions:
         The job id is ``job_id``, else the spec file's; it stays empty when neither
         gives one (submit then names the job, a schedule names each run).
         """
+        from pydantic import ValidationError
+
+        from llmbatch.contract.spec import JobSpec
+
         values: dict[str, Any] = {}
         if self.spec_file is not None:
             values = _read_json(self.spec_file, "--spec")
@@ -310,6 +316,10 @@ def job_options(command: Callable[..., None]) -> Callable[..., None]:
 def _messages(
     path: Path | None, system: str | None, user: str | None
 ) -> list[dict[str, str]] | None:
+    from pydantic import ValidationError
+
+    from llmbatch.contract.spec import ChatMessage
+
     if path is not None:
         if system or user:
             raise fail("give either --messages or --system/--user, not both")
@@ -367,12 +377,26 @@ async def check_inputs(spec: JobSpec, settings: Settings) -> None:
     """The check the plan_job activity runs (inputs exist and are readable, the prompt's
     fields are there, it renders the first row), here for an answer before anything is
     scheduled."""
-    if not spec.table_input:
-        await asyncio.to_thread(
-            planning.inspect_inputs, spec, storage.stores.Stores(settings), settings.render_limits
-        )
-    if spec.table_input or spec.table_output:
-        await tables.check_table_job(spec, settings, settings.render_limits, create_output=False)
+    import asyncio
+
+    from llmbatch import storage
+    from llmbatch.formats import planning
+    from llmbatch.tables import jobs as tables
+
+    try:
+        if not spec.table_input:
+            await asyncio.to_thread(
+                planning.inspect_inputs,
+                spec,
+                storage.stores.Stores(settings),
+                settings.render_limits,
+            )
+        if spec.table_input or spec.table_output:
+            await tables.check_table_job(
+                spec, settings, settings.render_limits, create_output=False
+            )
+    except planning.InvalidJobSpec as exc:
+        raise CliError(str(exc)) from None
 
 
 async def place_job(spec: JobSpec, settings: Settings) -> JobSpec:

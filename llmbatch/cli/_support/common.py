@@ -1,18 +1,19 @@
 """What every CLI command shares: consoles, one-line errors, JSON output, job lookup.
 
-Command modules share code through this module, :mod:`llmbatch.cli.jobview` (how a
-job is followed and shown) and :mod:`llmbatch.cli.options` (the job options), never
+Command modules share code through this package (:mod:`llmbatch.cli._support`), never
 by importing each other.
 
 Errors, one idiom for every command: a command's own (synchronous) code ends with
 ``raise fail("what went wrong")``; code it runs under :func:`run` raises
 :class:`CliError`, which ``run`` hands to ``fail``. Either way the user gets one
 line on stderr, ``error: ...``, and exit code 1.
+
+Imported whenever the CLI starts, so Temporal, the settings and the contract's models
+are imported by the functions that use them, not here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import json
 import os
@@ -20,19 +21,19 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch.client.temporal import TemporalUnavailable
-from llmbatch.config import Settings
-from llmbatch.contract.messages import JobSummary
 from llmbatch.errors import LlmBatchError
-from llmbatch.formats import planning
+
+if TYPE_CHECKING:
+    from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
+
+    from llmbatch.config import Settings
+    from llmbatch.contract.messages import JobSummary
 
 # soft_wrap: URIs and links stay whole (and clickable) whatever the terminal width.
 out = Console(soft_wrap=True)
@@ -41,6 +42,8 @@ err = Console(stderr=True, soft_wrap=True)
 # The parameters many commands take, declared once so their help reads the same everywhere.
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 JobIdArgument = Annotated[str, typer.Argument(help="The job id (its workflow id).")]
+# Seconds between progress lines when stdout is not a terminal (``watch --interval``).
+DEFAULT_LINE_INTERVAL_S = 10.0
 
 
 class CliError(LlmBatchError):
@@ -85,10 +88,16 @@ def runs_temporal_client() -> None:
 
 def run(coro: Any) -> Any:
     """Run a command's coroutine; turn known failures into one clear line."""
+    import asyncio
+
+    from temporalio.service import RPCError
+
+    from llmbatch.client.temporal import TemporalUnavailable
+
     runs_temporal_client()
     try:
         return asyncio.run(coro)
-    except (CliError, TemporalUnavailable, planning.InvalidJobSpec) as exc:
+    except (CliError, TemporalUnavailable) as exc:
         raise fail(str(exc)) from None
     except RPCError as exc:
         # The server answered, but not as expected (unavailable, permission, ...).
@@ -142,6 +151,10 @@ async def find_job(
     client: Client, settings: Settings, job_id: str
 ) -> tuple[WorkflowHandle[Any, JobSummary], WorkflowExecutionDescription]:
     """The job's handle (latest run) and description; CliError when there is no such job."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from llmbatch.contract.messages import JobSummary
+
     handle = client.get_workflow_handle(job_id, result_type=JobSummary)
     try:
         description = await handle.describe()
