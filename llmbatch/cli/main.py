@@ -30,11 +30,14 @@ from llmbatch.cli import (
     worker,
 )
 from llmbatch.cli._support.common import leave_if_client_command
-from llmbatch.engine import parent_death
 
-# A multiprocessing child spawned by an engine of this process imports this module as
-# its __mp_main__: it is marked to die with its parent (see llmbatch.engine.parent_death).
-parent_death.on_main_import(__name__)
+if __name__ == "__mp_main__":
+    # A multiprocessing child spawned by an engine of this process imports this module
+    # as its __mp_main__: it is marked to die with its parent (see
+    # llmbatch.engine.parent_death). Only then: the CLI's start needs none of it.
+    from llmbatch.engine import parent_death
+
+    parent_death.on_main_import(__name__)
 
 
 class _App(typer.Typer):
