@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from llmbatch.errors import LlmBatchError
 
 # Imports every module of the installed package in a fresh interpreter (vLLM among
@@ -41,6 +43,8 @@ print(json.dumps({"modules": names, "ours": sorted(ours), "outside": outside}))
 """
 
 
+# Importing every module imports vLLM and torch (20-30 s on 2 cores): the stack tier's.
+@pytest.mark.slow
 def test_every_llmbatch_exception_descends_from_the_root() -> None:
     done = subprocess.run(
         [sys.executable, "-c", _WALK], capture_output=True, text=True, check=True, timeout=600
