@@ -233,7 +233,9 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     from llmbatch.client.queues import describe_queue
     from llmbatch.client.temporal import connect, model_has_worker, started_spec
 
-    workflow_state, p = await describe_job(settings, job_id)
+    # One client for every question status asks (connecting is most of its CPU).
+    client = await connect(settings)
+    workflow_state, p = await describe_job(client, settings, job_id)
     elapsed = _elapsed(p)
     rate = p.items_done / elapsed if elapsed else 0.0
     # The job's workflow cannot see pollers, so the CLI asks Temporal itself.
@@ -241,7 +243,6 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     task = Task.GENERATE
     endpoint: str | None = None
     if p.state == JobState.RUNNING:
-        client = await connect(settings)
         # The task names the queue (an embed job waits on an embedding worker's).
         spec = await started_spec(client, job_id)
         task = spec.task if spec is not None else Task.GENERATE

@@ -37,9 +37,10 @@ if TYPE_CHECKING:
     from llmbatch.storage.base import ObjectStore
 
 
-async def describe_job(settings: Settings, job_id: str) -> tuple[str, JobProgress | JobSummary]:
+async def describe_job(
+    client: Client, settings: Settings, job_id: str
+) -> tuple[str, JobProgress | JobSummary]:
     """The job's workflow state and its summary (ended) or progress (running)."""
-    client = await connect(settings)
     handle, description = await find_job(client, settings, job_id)
     state = description.status.name.lower() if description.status else "unknown"
     if description.status == WorkflowExecutionStatus.COMPLETED:
@@ -154,7 +155,7 @@ async def show_results(settings: Settings, job_id: str, *, rows: int, as_json: b
     # The object store's clients load only here: `status` never reads the output.
     from llmbatch import storage
 
-    state, p = await describe_job(settings, job_id)
+    state, p = await describe_job(await connect(settings), settings, job_id)
     if not isinstance(p, JobSummary):
         raise CliError(f"job {job_id} has no results yet (workflow {state})")
     store = storage.stores.open_store(p.manifest, settings)
