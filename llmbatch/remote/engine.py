@@ -248,7 +248,7 @@ class RemoteEngine:
                 # jitter of its own so the waiters do not all go at once.
                 wait = backoff_s(attempt)
                 await self.budget.throttled(
-                    self._shared_wait(answer, attempt), reason=self._wait_reason(answer)
+                    self._shared_wait(answer, wait), reason=self._wait_reason(answer)
                 )
             else:
                 asked = answer.retry_after_s
@@ -266,11 +266,11 @@ class RemoteEngine:
             self.usage_book.retried(key, backoff_s=wait, throttled=throttled)
             await self.budget.sleep(wait)
 
-    def _shared_wait(self, answer: Answer, attempt: int) -> float:
+    def _shared_wait(self, answer: Answer, backoff: float) -> float:
         """How long every worker of the endpoint waits after this 429/503: what it asked,
-        at most the cap; without an ask, a backoff."""
+        at most the cap; without an ask, this request's ``backoff``."""
         asked = answer.retry_after_s
-        return backoff_s(attempt) if asked is None else self.policy.capped_wait(asked)
+        return backoff if asked is None else self.policy.capped_wait(asked)
 
     def _wait_reason(self, answer: Answer) -> str:
         """Why the endpoint waits, for ``status``: its answer and the wait it asked."""
