@@ -27,6 +27,7 @@ from pydantic_settings import (
 from llmbatch.contract.names import MODEL_HASH_CHARS, model_identity, model_slug
 from llmbatch.contract.priority import ANY_TENANT, TenantQuota
 from llmbatch.contract.spec import Task
+from llmbatch.remote.faults import FaultPolicy
 from llmbatch.rendering.templates import RenderLimits
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
@@ -136,6 +137,32 @@ class Settings(BaseSettings):
         ge=0,
         description="Price of one GPU for an hour on this GPU worker (an engine on several "
         "GPUs counts each); jobs then report their cost. Unset: no cost shown.",
+    )
+
+    # Remote endpoints (llmbatch.remote.faults): what an endpoint may cost a job before
+    # llm-batch stops waiting on it. Read by remote workers.
+    remote_max_retry_after_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Longest wait in seconds a remote endpoint's 429/503 may impose (its "
+        "Retry-After, retry-after-ms or rate-limit reset); a longer ask is cut to this, and "
+        "`status` says so. `llm-batch endpoint update NAME` or `resume` of a job lifts a "
+        "wait at once. Read by remote workers.",
+    )
+    remote_max_unusable_answers: int = Field(
+        default=20,
+        ge=1,
+        description="Unusable answers in a row (a 2xx whose body is not JSON or not an "
+        "answer, such as an HTML page) a job may get from an endpoint on one remote worker "
+        "before the job is paused; each may be paid for. Read by remote workers.",
+    )
+    remote_pause_after_failing_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Seconds a job's requests to an endpoint may all go unanswered "
+        "(connection refused, unknown host, timeouts, dropped connections, 5xx) before the "
+        "job is paused with the last error (0: never; they are sent again until the "
+        "endpoint answers). Read by remote workers.",
     )
 
     # Payload encryption (llmbatch.security.codec): a keyring as JSON, or a file of it;
@@ -281,6 +308,14 @@ class Settings(BaseSettings):
         """The caps of ``tenant`` (its own entry, else the "*" one, else none)."""
         named = self.tenant_quotas.get(tenant) if tenant is not None else None
         return named or self.tenant_quotas.get(ANY_TENANT) or TenantQuota()
+
+    @property
+    def remote_fault_policy(self) -> FaultPolicy:
+        return FaultPolicy(
+            max_retry_after_s=self.remote_max_retry_after_s,
+            max_unusable_answers=self.remote_max_unusable_answers,
+            pause_after_failing_s=self.remote_pause_after_failing_s,
+        )
 
     @property
     def render_limits(self) -> RenderLimits:

@@ -127,6 +127,7 @@ async def run_remote_worker(
                 model,
                 pool=pool,
                 on_capped=functools.partial(_pause_capped, client),
+                policy=settings.remote_fault_policy,
             )
             engines.append(engine)
             workers.append(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from llmbatch.cli._support.common import CliError, emit_json, out, run, with_pool
 from llmbatch.contract.choices import EndpointVia
@@ -36,8 +37,14 @@ _KeyEnv = Annotated[
     str | None, typer.Option(help="Name of the environment variable holding the API key.")
 ]
 _KeyFile = Annotated[str | None, typer.Option(help="A file holding the API key (instead).")]
-_Rpm = Annotated[int | None, typer.Option(help="Requests per minute, for all workers together.")]
-_Tpm = Annotated[int | None, typer.Option(help="Tokens per minute, for all workers together.")]
+_Rpm = Annotated[
+    int | None,
+    typer.Option(help="Requests per minute, for all workers together (on update, 0: no limit)."),
+]
+_Tpm = Annotated[
+    int | None,
+    typer.Option(help="Tokens per minute, for all workers together (on update, 0: no limit)."),
+]
 _Conc = Annotated[int | None, typer.Option(help="Requests in flight per worker (default 64).")]
 _InPrice = Annotated[float | None, typer.Option(help="USD per 1M prompt tokens.")]
 _OutPrice = Annotated[float | None, typer.Option(help="USD per 1M completion tokens.")]
@@ -217,11 +224,13 @@ def update(
     batch_max_in_flight: _BatchFlight = None,
     batch_window: _BatchWindow = None,
 ) -> None:
-    """Change some of an endpoint's options (new limits reach running workers' leases)."""
+    """Change some of an endpoint's options; running workers take them within seconds.
+    Any update (even with no option) also lifts the endpoint's Retry-After wait."""
     from pydantic import ValidationError
 
     from llmbatch.ledger.db import transaction
     from llmbatch.remote.endpoints import EndpointError, update_endpoint
+    from llmbatch.remote.status import endpoint_state
 
     changes = _options(
         base_url=base_url,
@@ -234,24 +243,36 @@ def update(
         output_price=output_price,
         timeout=timeout,
     )
+    # 0 removes a limit (None, not given, keeps it).
+    changes.update({limit: None for limit in ("rpm", "tpm") if changes.get(limit) == 0})
 
     batch = _batch_options(locals())
 
     async def use(pool: Any) -> Any:
         try:
             async with transaction(pool) as conn:
+                before = await endpoint_state(conn, name)
                 endpoint = await update_endpoint(conn, name, changes)
                 await _set_routes(conn, name, serve_as, serve_embeddings_as)
                 await _set_batch_api(conn, name, batch)
                 await _set_serve_via(conn, name, serve_via)
-                return endpoint, await _served(conn, name)
+                return endpoint, await _served(conn, name), before
+        except LookupError:
+            raise CliError(f"no endpoint named {name}") from None
         except EndpointError as exc:
             raise CliError(str(exc)) from None
         except ValidationError as exc:
             raise _invalid(exc) from None
 
-    endpoint, served = run(with_pool(_settings(), use))
+    endpoint, served, before = run(with_pool(_settings(), use))
     out.print(f"endpoint [bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
+    if before.blocked_s > 0:
+        why = escape(before.blocked_reason or "Retry-After")
+        out.print(
+            f"  lifted its wait of {before.blocked_s:.1f} s more ({why}): every worker "
+            "sends again within seconds",
+            highlight=False,
+        )
 
 
 @app.command("list")
@@ -277,7 +298,7 @@ def show(
     name: Annotated[str, typer.Argument()],
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """One endpoint, and its shared send rate and counters now."""
+    """One endpoint: its shared send rate, any wait and why, its last error, counters."""
     from llmbatch.provider.settings import get_batch_api
     from llmbatch.remote.endpoints import EndpointError, get_endpoint
     from llmbatch.remote.status import endpoint_state
@@ -302,7 +323,9 @@ def show(
         )
         return
     out.print(f"[bold]{endpoint.name}[/bold]: {_line(endpoint, served)}", highlight=False)
-    out.print(f"  {state.line()}", highlight=False)
+    out.print(f"  {escape(state.line())}", highlight=False)
+    if (error := state.error_line()) is not None:
+        out.print(f"  {escape(error)}", highlight=False)
     if batch_api is not None:
         out.print(f"  Batch API: {batch_api.line()}", highlight=False)
 

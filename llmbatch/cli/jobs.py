@@ -257,9 +257,16 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
 
     # Provider batches (jobs via batch): each one's status and counts, and the cost.
     provider = await job_report_at(settings.postgres_dsn.get_secret_value(), job_id)
+    from llmbatch.remote.status import job_lines
+
+    # Remote endpoints: what the job's requests did, their last error, any wait and why.
+    remote_lines, remote = await job_lines(
+        settings.postgres_dsn.get_secret_value(), job_id, items_done=p.items_done
+    )
     if as_json:
         data = p.model_dump(mode="json")
         data.update(provider)
+        data.update(remote=remote)
         data.update(workflow_status=workflow_state, items_per_s=rate, waiting_for_worker=waiting)
         if backlog is not None:
             data.update(
@@ -289,11 +296,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     )
     out.print(f"  tokens: {p.tokens.prompt} prompt, {p.tokens.completion} completion")
     out.print(f"  results: {usage_line(p.usage)}")
-    from llmbatch.remote.status import job_lines
-
-    for line in await job_lines(
-        settings.postgres_dsn.get_secret_value(), job_id, items_done=p.items_done
-    ):
+    for line in remote_lines:
         out.print(f"  {escape(line)}", highlight=False)
     for line in report_lines(provider):
         out.print(f"  {escape(line)}", highlight=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from llmbatch.contract.states import ErrorClass, FailureType
+from llmbatch.contract.states import EndpointFault, ErrorClass, FailureType
 
 
 class Explanation(NamedTuple):
@@ -165,10 +165,58 @@ FAILURE_TYPE_HELP: dict[FailureType, Explanation] = {
         "a longer grace period), or fewer preemptions.",
     ),
     FailureType.ENDPOINT_REFUSED: Explanation(
-        "A remote endpoint refused the job's requests: its API key (401/403), or a model "
-        "it does not serve. The job is paused with that reason in `status`; its items "
-        "stay pending, none dies.",
+        "A remote endpoint refused the job's requests (its API key: 401/403; a model it "
+        "does not serve), or gave no usable answer for too long (see the endpoint faults "
+        "below). The job is paused with that reason in `status`; its items stay pending, "
+        "none dies.",
         "Fix the key in the remote workers' environment (the variable the endpoint "
-        "names) or the job's model, then `llm-batch resume JOB_ID`.",
+        "names), the job's model or the endpoint (`llm-batch endpoint update NAME "
+        "--base-url ...`; running workers take it within seconds), then `llm-batch resume "
+        "JOB_ID`.",
+    ),
+}
+
+ENDPOINT_FAULT_HELP: dict[EndpointFault, Explanation] = {
+    EndpointFault.UNREACHABLE: Explanation(
+        "Nothing answered at the endpoint's base URL: the connection was refused, the host "
+        "is not known, or TLS failed. Requests are sent again with backoff; a job whose "
+        "requests get no answer for `LLMBATCH_REMOTE_PAUSE_AFTER_FAILING_S` (5 min) is paused.",
+        "Check the base URL (`llm-batch endpoint show NAME`) and that the server runs; fix it "
+        "with `llm-batch endpoint update NAME --base-url URL`, then resume the job.",
+    ),
+    EndpointFault.TIMEOUT: Explanation(
+        "The endpoint did not answer within its timeout (`--timeout`, 600 s by default). "
+        "Sent again with backoff; counts towards the pause as Unreachable does.",
+        "Check the server's load; give long generations a longer `--timeout`.",
+    ),
+    EndpointFault.CONNECTION_DROPPED: Explanation(
+        "The connection closed before the answer was complete (a server or proxy restart). "
+        "Sent again with backoff; counts towards the pause as Unreachable does.",
+        "Nothing, if it passes; else check the server and any proxy in front of it.",
+    ),
+    EndpointFault.SERVER_ERROR: Explanation(
+        "The endpoint answered 5xx (but 503), 408, 409 or 425. Sent again with backoff "
+        "(never longer than `LLMBATCH_REMOTE_MAX_RETRY_AFTER_S` when it asks for a wait); "
+        "counts towards the pause as Unreachable does.",
+        "Check the server's log; the message is the server's own.",
+    ),
+    EndpointFault.UNUSABLE_ANSWER: Explanation(
+        "The endpoint answered 2xx with a body that is not JSON or not an answer (an HTML "
+        "page of a proxy or a web server, a truncated body). Such answers may be paid for: "
+        "after `LLMBATCH_REMOTE_MAX_UNUSABLE_ANSWERS` (20) of them in a row the job is paused.",
+        "Check that the base URL points at the API (it usually ends in `/v1`): "
+        "`llm-batch endpoint update NAME --base-url URL`, then resume the job.",
+    ),
+    EndpointFault.THROTTLED: Explanation(
+        "The endpoint answered 429 or 503. Every worker of the endpoint waits what it asked "
+        "for (`Retry-After`, at most `LLMBATCH_REMOTE_MAX_RETRY_AFTER_S`, 300 s) and the "
+        "endpoint's send rate is halved; never a pause, never a dead item.",
+        "Declare the endpoint's real limits (`--rpm`, `--tpm`); `llm-batch endpoint update "
+        "NAME` lifts a wait at once.",
+    ),
+    EndpointFault.REFUSED: Explanation(
+        "The endpoint refused the API key (401/403) or does not serve the model: the job is "
+        "paused at once (failure type EndpointRefused).",
+        "Fix the key or the model, then `llm-batch resume JOB_ID`.",
     ),
 }

@@ -151,3 +151,24 @@ class FailureType(enum.StrEnum):
     # A remote endpoint refused the job's requests (a wrong API key, a model it does
     # not serve): the job is paused, its items pending, the attempt retried.
     ENDPOINT_REFUSED = "EndpointRefused"
+
+
+class EndpointFault(enum.StrEnum):
+    """What went wrong with a request to a remote endpoint, when it is the endpoint's
+    doing and not the item's: ``status`` and ``endpoint show`` name the last one, and
+    those that go on pause the job (:mod:`llmbatch.remote.faults`)."""
+
+    # Nothing answered at the base URL: connection refused, host not found, TLS failed.
+    UNREACHABLE = "Unreachable"
+    # No answer within the endpoint's timeout.
+    TIMEOUT = "Timeout"
+    # The connection closed before the answer was complete.
+    CONNECTION_DROPPED = "ConnectionDropped"
+    # 5xx (but 503), 408, 409, 425.
+    SERVER_ERROR = "ServerError"
+    # A 2xx whose body is not JSON, or not an answer to the request (an HTML page).
+    UNUSABLE_ANSWER = "UnusableAnswer"
+    # 429 or 503: the endpoint asked us to wait.
+    THROTTLED = "Throttled"
+    # 401/403 or a model it does not serve.
+    REFUSED = "Refused"

@@ -10,9 +10,19 @@ token count, go back to the row with its next lease.
 
 A 429 or 503 from the endpoint lowers ``send_factor`` for every worker at once
 (multiplicative decrease, at most once per :data:`DECREASE_EVERY_S`) and stores the
-endpoint's ``Retry-After`` as ``blocked_until``, which no lease passes; the factor
-then grows back by :data:`INCREASE_PER_S` a second (additive increase). So a 429
-storm does not form: after the first 429s, all workers together send less.
+endpoint's ``Retry-After`` (capped by the caller) as ``blocked_until``, with why, in
+``blocked_reason``; no lease passes it. The factor then grows back by
+:data:`INCREASE_PER_S` a second (additive increase). So a 429 storm does not form:
+after the first 429s, all workers together send less.
+
+The row is the truth, and it changes under running workers: ``endpoint update``
+sets new limits (or none), and it and ``resume`` lift a wait by clearing
+``blocked_until`` and counting up the endpoint's generation. Each worker reads the
+row every second (:mod:`.watch`) and hands it to :meth:`Budget.observe`: an
+unlimited worker starts leasing when a limit appears, a limited one stops when it
+goes, and a new generation drops the waits this process holds in memory. Every wait
+here sleeps at most :data:`MAX_WAIT_S` before it looks again, so a change reaches a
+waiting request within about two seconds.
 
 Tokens may go into debt (a request larger than a second's budget is still granted
 when the bucket is not empty, and pays it back by waiting), so any request fits.
@@ -104,6 +114,8 @@ UPDATE endpoints en
                           ELSE send_factor END,
        req_level = CASE WHEN e.decrease THEN least(req_level, 0) ELSE req_level END,
        decreased_at = CASE WHEN e.decrease THEN clock_timestamp() ELSE decreased_at END,
+       blocked_reason = CASE WHEN clock_timestamp() + make_interval(secs => $5::float8)
+                                  > blocked_until THEN $6 ELSE blocked_reason END,
        blocked_until = greatest(blocked_until,
                                 clock_timestamp() + make_interval(secs => $5::float8)),
        throttled = throttled + 1
@@ -165,11 +177,19 @@ async def lease(
     )
 
 
-async def throttled(pool: Database, endpoint: str, *, retry_after_s: float) -> float:
-    """The endpoint said 429/503: every worker slows down and waits ``retry_after_s``;
-    returns the new send factor."""
+async def throttled(
+    pool: Database, endpoint: str, *, retry_after_s: float, reason: str | None = None
+) -> float:
+    """The endpoint said 429/503: every worker slows down and waits ``retry_after_s``
+    (``reason`` says why, for status); returns the new send factor."""
     factor = await pool.fetchval(
-        _THROTTLED_SQL, endpoint, DECREASE_FACTOR, DECREASE_EVERY_S, MIN_FACTOR, retry_after_s
+        _THROTTLED_SQL,
+        endpoint,
+        DECREASE_FACTOR,
+        DECREASE_EVERY_S,
+        MIN_FACTOR,
+        retry_after_s,
+        reason,
     )
     return float(factor) if factor is not None else 1.0
 
@@ -184,17 +204,51 @@ class Budget:
 
     def __init__(self, pool: Database, endpoint: str, *, rpm: int | None, tpm: int | None) -> None:
         self._pool, self._endpoint = pool, endpoint
-        self.limited = rpm is not None or tpm is not None
         self._requests = 0.0
         self._tokens = 0.0
         self._credit_at = 0.0
         self._give_back_tokens = 0.0
         self._lock = asyncio.Lock()
-        self._next_send = 0.0
-        self.request_rate: float | None = None if rpm is None else rpm / 60.0
-        self.token_rate: float | None = None if tpm is None else tpm / 60.0
+        self._last_send = 0.0
+        self.limited = False
+        self.request_rate: float | None = None
+        self.token_rate: float | None = None
         self.factor = 1.0
-        self.blocked_until = 0.0  # monotonic: a Retry-After seen by this process
+        self._limits(rpm=rpm, tpm=tpm, factor=1.0)
+        self.blocked_until = 0.0  # monotonic: a Retry-After seen by this process or the row
+        # Set (and replaced) when the row's generation changes: sleepers wake at once.
+        self._lifted = asyncio.Event()
+
+    def _limits(self, *, rpm: int | None, tpm: int | None, factor: float) -> None:
+        self.limited = rpm is not None or tpm is not None
+        self.request_rate = None if rpm is None else rpm / 60.0 * factor
+        self.token_rate = None if tpm is None else tpm / 60.0 * factor
+        self.factor = factor
+
+    def observe(
+        self, *, rpm: int | None, tpm: int | None, factor: float, blocked_s: float, lifted: bool
+    ) -> None:
+        """The endpoint's row as read now (:mod:`.watch`): its limits, send factor and
+        wait. ``lifted``: its generation changed (``endpoint update``, ``resume``), so
+        the waits this process holds in memory end with it."""
+        self._limits(rpm=rpm, tpm=tpm, factor=factor)
+        until = time.monotonic() + blocked_s
+        if lifted:
+            self.blocked_until = until
+            self._last_send = 0.0
+            self._lifted.set()
+            self._lifted = asyncio.Event()
+        else:
+            # This process's own 429 may not be in the row yet (or the row unreachable).
+            self.blocked_until = max(self.blocked_until, until)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the endpoint's waits are lifted meanwhile."""
+        if seconds <= 0:
+            return
+        lifted = self._lifted
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(lifted.wait(), seconds)
 
     def correct(self, *, estimated: float, actual: float) -> None:
         """A response's usage: the difference to its estimate goes back to the row."""
@@ -203,25 +257,28 @@ class Budget:
     async def acquire(self, tokens: float) -> None:
         async with self._lock:  # one lease at a time; requests queue here in order
             await self._wait_blocked()
+            await self._pace()
             if self.limited:
                 await self._take(tokens)
-            # Pace: the next request of this process no sooner than 1/rate from now.
-            now = time.monotonic()
-            if self.request_rate:
-                self._next_send = max(self._next_send, now) + 1.0 / self.request_rate
+            self._last_send = time.monotonic()
 
     async def _wait_blocked(self) -> None:
-        # A Retry-After may be extended while we sleep: look again after each sleep.
-        left = self.blocked_until - time.monotonic()
-        while left > 0:
-            await asyncio.sleep(left)
-            left = self.blocked_until - time.monotonic()
-        if self.request_rate and (pace := self._next_send - time.monotonic()) > 0:
-            await asyncio.sleep(pace)
+        # A Retry-After may be extended, or lifted, while we sleep: look again after each.
+        while (left := self.blocked_until - time.monotonic()) > 0:
+            await self.sleep(min(left, MAX_WAIT_S))
+
+    async def _pace(self) -> None:
+        # The next request of this process no sooner than 1/rate after the last, at the
+        # rate of now (it may change while we wait).
+        while (
+            self.request_rate
+            and (due := self._last_send + 1.0 / self.request_rate - time.monotonic()) > 0
+        ):
+            await self.sleep(min(due, MAX_WAIT_S))
 
     async def _take(self, tokens: float) -> None:
-        need_tokens = tokens if self.token_rate is not None else 0.0
-        while True:
+        while self.limited:  # the limits may be removed while we wait
+            need_tokens = tokens if self.token_rate is not None else 0.0
             now = time.monotonic()
             stale = now - self._credit_at > CREDIT_TTL_S
             if not stale and self._requests >= 1 and self._tokens >= need_tokens:
@@ -247,25 +304,29 @@ class Budget:
             )
             self._give_back_tokens = 0.0
             self.request_rate, self.token_rate = grant.request_rate, grant.token_rate
+            self.limited = grant.request_rate is not None or grant.token_rate is not None
             self.factor = grant.factor
             self._requests += grant.requests
             self._tokens += grant.tokens
             self._credit_at = time.monotonic()
             if grant.requests < want_req or grant.tokens < want_tok:
                 if grant.requests == 0 and grant.tokens == 0:
-                    await asyncio.sleep(min(max(grant.wait_s, 0.01), MAX_WAIT_S))
+                    await self.sleep(min(max(grant.wait_s, 0.01), MAX_WAIT_S))
 
     def _lease_requests(self) -> int:
         if self.request_rate is None:
             return 1
         return max(1, math.ceil(self.request_rate * LEASE_S))
 
-    async def throttled(self, retry_after_s: float) -> None:
-        """Tell every worker of the endpoint (and this process) to slow down and wait."""
+    async def throttled(self, retry_after_s: float, *, reason: str | None = None) -> None:
+        """Tell every worker of the endpoint (and this process) to slow down and wait
+        ``retry_after_s`` (``reason``: the endpoint's answer and the wait asked)."""
         self.blocked_until = max(self.blocked_until, time.monotonic() + retry_after_s)
         self._requests = 0.0  # credits taken before the 429 must not burst after it
         with contextlib.suppress(Exception):  # the database away: this process still waits
-            self.factor = await throttled(self._pool, self._endpoint, retry_after_s=retry_after_s)
+            self.factor = await throttled(
+                self._pool, self._endpoint, retry_after_s=retry_after_s, reason=reason
+            )
             if self.request_rate is not None:
                 self.request_rate *= DECREASE_FACTOR
 

@@ -3,6 +3,11 @@
 An endpoint holds where to send requests and the limits to send them within; never
 the API key, which the worker reads from the environment variable (or file) the row
 names, so it is in no spec, history, search attribute, log or ledger row.
+
+Running workers read the row every second (:mod:`.watch`): a change made here
+reaches them within seconds. ``update_endpoint`` and ``lift_job_wait`` (a job's
+``resume``) also lift the endpoint's shared Retry-After wait and count up its
+generation, which drops the waits workers hold in memory.
 """
 
 from __future__ import annotations
@@ -71,6 +76,10 @@ class Endpoint(EndpointConfig):
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
+    def options(self) -> dict[str, Any]:
+        """What ``endpoint add`` declared (the row's bookkeeping left out)."""
+        return self.model_dump(include=set(EndpointConfig.model_fields))
+
     def weights(self, model: str) -> str:
         """What stands for the weights behind ``model`` here, for the result cache: the
         endpoint's URL and the model's name (a provider may change what a name answers:
@@ -99,7 +108,7 @@ class Endpoint(EndpointConfig):
         return None
 
 
-_COLUMNS = (
+COLUMNS = (
     "name, base_url, api_key_env, api_key_file, rpm, tpm, max_concurrency, input_price, "
     "output_price, timeout_s, created_at, updated_at"
 )
@@ -116,6 +125,25 @@ _SETTABLE = (
 )
 
 
+# Lifts the endpoint's shared wait; the new generation tells every worker to drop its own.
+_LIFT = "blocked_until = 'epoch', blocked_reason = NULL, generation = generation + 1"
+
+
+async def lift_job_wait(pool: Database, *, job_id: str) -> str | None:
+    """A job is resumed: lift the wait of the endpoint it runs on, everywhere (the
+    operator says go on). Returns the endpoint's name (None: not a remote job)."""
+    value = await pool.fetchval(
+        f"""
+        UPDATE endpoints e SET {_LIFT}
+          FROM jobs j
+         WHERE j.job_id = $1 AND e.name = j.spec->>'remote_endpoint'
+        RETURNING e.name
+        """,
+        job_id,
+    )
+    return str(value) if value is not None else None
+
+
 async def add_endpoint(pool: Database, config: EndpointConfig) -> Endpoint:
     """Declare an endpoint; an existing name is refused (use update)."""
     values = config.model_dump()
@@ -124,7 +152,7 @@ async def add_endpoint(pool: Database, config: EndpointConfig) -> Endpoint:
             f"""
             INSERT INTO endpoints (name, {", ".join(_SETTABLE)})
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-            RETURNING {_COLUMNS}
+            RETURNING {COLUMNS}
             """,
             config.name,
             *(values[c] for c in _SETTABLE),
@@ -142,17 +170,18 @@ async def update_endpoint(pool: Database, name: str, changes: dict[str, Any]) ->
     unknown = set(changes) - set(_SETTABLE)
     if unknown:
         raise EndpointError(f"cannot change {', '.join(sorted(unknown))}")
-    merged = EndpointConfig.model_validate(
-        {**current.model_dump(include=set(EndpointConfig.model_fields)), **changes}
-    )
+    merged = EndpointConfig.model_validate({**current.options(), **changes})
     values = merged.model_dump()
+    # Whatever changed (or nothing: `endpoint update NAME` alone), the operator has
+    # looked at the endpoint: its Retry-After wait ends here and in every worker.
     row = await pool.fetchrow(
         f"""
         UPDATE endpoints
            SET {", ".join(f"{c} = ${i}" for i, c in enumerate(_SETTABLE, start=2))},
-               updated_at = now()
+               updated_at = now(),
+               {_LIFT}
          WHERE name = $1
-        RETURNING {_COLUMNS}
+        RETURNING {COLUMNS}
         """,
         name,
         *(values[c] for c in _SETTABLE),
@@ -163,14 +192,14 @@ async def update_endpoint(pool: Database, name: str, changes: dict[str, Any]) ->
 
 
 async def get_endpoint(pool: Database, name: str) -> Endpoint:
-    row = await pool.fetchrow(f"SELECT {_COLUMNS} FROM endpoints WHERE name = $1", name)
+    row = await pool.fetchrow(f"SELECT {COLUMNS} FROM endpoints WHERE name = $1", name)
     if row is None:
         raise EndpointError(f"no endpoint named {name} (declare it with endpoint add)")
     return Endpoint.model_validate(dict(row))
 
 
 async def list_endpoints(pool: Database) -> list[Endpoint]:
-    rows = await pool.fetch(f"SELECT {_COLUMNS} FROM endpoints ORDER BY name")
+    rows = await pool.fetch(f"SELECT {COLUMNS} FROM endpoints ORDER BY name")
     return [Endpoint.model_validate(dict(r)) for r in rows]
 
 

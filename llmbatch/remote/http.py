@@ -14,6 +14,8 @@ import email.utils
 import enum
 import random
 import re
+import socket
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,10 +24,12 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from llmbatch.contract.states import ErrorClass
+from llmbatch.contract.states import EndpointFault, ErrorClass
 
 # A server's message kept in a dead letter or a log line: enough to see why, never a row.
 MESSAGE_CHARS = 300
+# Of a 2xx body that is not JSON, the start shown (enough to tell an HTML page).
+BODY_START_CHARS = 60
 # Full-jitter backoff (sleep a uniform time in [0, min(cap, base * 2**attempt)]).
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 10.0
@@ -39,7 +43,7 @@ class Verdict(enum.StrEnum):
 
     OK = "ok"
     ITEM_DEAD = "item_dead"  # the request itself is bad: dead-letter the item
-    RETRY = "retry"  # 429, 5xx, timeouts, dropped connections: send again later
+    RETRY = "retry"  # 5xx, timeouts, dropped connections, unusable 2xx: send again later
     THROTTLED = "throttled"  # 429/503: retry, and slow the whole endpoint down
     REFUSED = "refused"  # 401/403, a model the endpoint does not serve: stop the job
 
@@ -52,6 +56,18 @@ class Answer:
     message: str = ""
     error_class: ErrorClass | None = None
     retry_after_s: float | None = None
+    # The endpoint's doing (THROTTLED, RETRY and REFUSED answers): for status and pauses.
+    fault: EndpointFault | None = None
+
+
+def unusable(status: int, message: str) -> Answer:
+    """A 2xx that is not an answer (sent again, and counted: it may be paid for)."""
+    return Answer(
+        Verdict.RETRY,
+        status,
+        message=f"HTTP {status} but {message}",
+        fault=EndpointFault.UNUSABLE_ANSWER,
+    )
 
 
 class Transport:
@@ -65,9 +81,12 @@ class Transport:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(10.0, timeout_s))
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self.in_flight = 0
+        self._retired = False
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -84,12 +103,18 @@ class Transport:
     async def post(self, path: str, payload: Mapping[str, Any]) -> Answer:
         """POST ``payload`` to ``base_url + path`` and class the answer; transport
         failures (timeouts, refused or dropped connections) are ``RETRY``."""
+        self.in_flight += 1
         try:
             async with self._open().post(self._base + path, data=_encode(payload)) as response:
                 raw = await response.read()
                 return classify(response.status, response.headers, raw, secret=self._secret)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return Answer(Verdict.RETRY, 0, message=self.scrub(f"{type(exc).__name__}: {exc}"))
+            fault, message = transport_fault(exc, timeout_s=self._timeout_s)
+            return Answer(Verdict.RETRY, 0, message=self.scrub(message), fault=fault)
+        finally:
+            self.in_flight -= 1
+            if self._retired and not self.in_flight:
+                await self.close()
 
     async def get(self, path: str) -> Answer:
         try:
@@ -97,7 +122,15 @@ class Transport:
                 raw = await response.read()
                 return classify(response.status, response.headers, raw, secret=self._secret)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return Answer(Verdict.RETRY, 0, message=self.scrub(f"{type(exc).__name__}: {exc}"))
+            fault, message = transport_fault(exc, timeout_s=self._timeout_s)
+            return Answer(Verdict.RETRY, 0, message=self.scrub(message), fault=fault)
+
+    async def retire(self) -> None:
+        """Replaced (the endpoint's options changed): close once the requests in flight
+        on it have come back, so none is cut off."""
+        self._retired = True
+        if not self.in_flight:
+            await self.close()
 
     def scrub(self, text: str) -> str:
         return scrub(text, self._secret)
@@ -130,19 +163,30 @@ def classify(status: int, headers: Mapping[str, str], raw: bytes, *, secret: str
         try:
             return Answer(Verdict.OK, status, body=_decode(raw))
         except msgspec.DecodeError:
-            return Answer(Verdict.RETRY, status, message="the endpoint's answer is not JSON")
+            start = scrub(raw[:BODY_START_CHARS].decode(errors="replace"), secret)
+            return unusable(status, f"the body is not JSON: {start!r}")
     message = scrub(_error_message(raw) or f"HTTP {status}", secret)
     message = f"HTTP {status}: {message}"
     if status == 429 or status == 503:
         return Answer(
-            Verdict.THROTTLED, status, message=message, retry_after_s=retry_after(headers)
+            Verdict.THROTTLED,
+            status,
+            message=message,
+            retry_after_s=retry_after(headers),
+            fault=EndpointFault.THROTTLED,
         )
     if status in (401, 403):
-        return Answer(Verdict.REFUSED, status, message=message)
+        return Answer(Verdict.REFUSED, status, message=message, fault=EndpointFault.REFUSED)
     if status == 404 and _MODEL_MISSING.search(message):
-        return Answer(Verdict.REFUSED, status, message=message)
+        return Answer(Verdict.REFUSED, status, message=message, fault=EndpointFault.REFUSED)
     if status in (408, 409, 425) or status >= 500:
-        return Answer(Verdict.RETRY, status, message=message, retry_after_s=retry_after(headers))
+        return Answer(
+            Verdict.RETRY,
+            status,
+            message=message,
+            retry_after_s=retry_after(headers),
+            fault=EndpointFault.SERVER_ERROR,
+        )
     if _CONTEXT_WORDS.search(message):
         return Answer(
             Verdict.ITEM_DEAD, status, message=message, error_class=ErrorClass.PROMPT_TOO_LONG
@@ -150,6 +194,25 @@ def classify(status: int, headers: Mapping[str, str], raw: bytes, *, secret: str
     return Answer(
         Verdict.ITEM_DEAD, status, message=message, error_class=ErrorClass.INVALID_REQUEST
     )
+
+
+def transport_fault(exc: BaseException, *, timeout_s: float) -> tuple[EndpointFault, str]:
+    """What a request that got no HTTP answer ran into, in words a user acts on."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        where = f"{exc.host}:{exc.port}"
+        cause = exc.os_error
+        if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(cause, socket.gaierror):
+            return EndpointFault.UNREACHABLE, f"host not found: {exc.host} ({cause.strerror})"
+        if isinstance(cause, ConnectionRefusedError):
+            return EndpointFault.UNREACHABLE, f"connection refused: nothing listens at {where}"
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError) or (
+            isinstance(cause, ssl.SSLError)
+        ):
+            return EndpointFault.UNREACHABLE, f"TLS failed with {where}: {cause}"
+        return EndpointFault.UNREACHABLE, f"cannot connect to {where}: {cause.strerror or cause}"
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return EndpointFault.TIMEOUT, f"no answer within {timeout_s:g} s (the endpoint's timeout)"
+    return EndpointFault.CONNECTION_DROPPED, f"connection dropped: {type(exc).__name__}: {exc}"
 
 
 def _error_message(raw: bytes) -> str:

@@ -15,9 +15,14 @@ from typer.testing import CliRunner
 from llmbatch import reference
 from llmbatch.cli.main import app
 from llmbatch.config import Settings
-from llmbatch.contract.explanations import ERROR_CLASS_HELP, FAILURE_TYPE_HELP, Explanation
+from llmbatch.contract.explanations import (
+    ENDPOINT_FAULT_HELP,
+    ERROR_CLASS_HELP,
+    FAILURE_TYPE_HELP,
+    Explanation,
+)
 from llmbatch.contract.spec import JobSpec
-from llmbatch.contract.states import ErrorClass, FailureType
+from llmbatch.contract.states import EndpointFault, ErrorClass, FailureType
 from llmbatch.telemetry import INSTRUMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,10 +79,11 @@ def test_check_command_fails_on_a_stale_page(tmp_path: Path) -> None:
 
 
 def test_every_error_class_and_failure_type_has_cause_and_remedy() -> None:
-    explained: list[tuple[ErrorClass | FailureType, Explanation]] = [
+    explained: list[tuple[ErrorClass | FailureType | EndpointFault, Explanation]] = [
         (m, ERROR_CLASS_HELP[m]) for m in ErrorClass
     ]
     explained += [(m, FAILURE_TYPE_HELP[m]) for m in FailureType]
+    explained += [(m, ENDPOINT_FAULT_HELP[m]) for m in EndpointFault]
     for member, help in explained:
         assert help.cause.strip() and help.remedy.strip(), member
 
@@ -100,7 +106,7 @@ def test_references_name_every_command_setting_error_and_metric() -> None:
                 assert f"## llm-batch {name} {leaf}\n" in pages["cli.md"]
     for field in Settings.model_fields:
         assert f"`LLMBATCH_{field.upper()}`" in pages["settings.md"]
-    for member in [*ErrorClass, *FailureType]:
+    for member in [*ErrorClass, *FailureType, *EndpointFault]:
         assert f"| `{member.value}` |" in pages["errors.md"]
     for instrument in INSTRUMENTS:
         assert f"`{instrument.name}`" in pages["metrics.md"]

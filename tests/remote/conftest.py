@@ -206,11 +206,17 @@ class RemoteCase:
             self.settings, self.client, endpoint=endpoint, model=self.server.model, logs=logs
         )
 
-    def worker(self, endpoint: str, name: str, *args: str) -> LoggedProcess:
-        """One ``llm-batch worker remote`` (``args`` added) with the canary key, its
-        log ``NAME.log``; stopped at the end of the test at the latest."""
+    def worker(
+        self, endpoint: str, name: str, *args: str, env: dict[str, str] | None = None
+    ) -> LoggedProcess:
+        """One ``llm-batch worker remote`` (``args`` added) with the canary key (and
+        ``env``), its log ``NAME.log``; stopped at the end of the test at the latest."""
         proc = remote_worker_process(
-            self.settings, endpoint, self.folder / f"{name}.log", *args, env={KEY_ENV: CANARY_KEY}
+            self.settings,
+            endpoint,
+            self.folder / f"{name}.log",
+            *args,
+            env={KEY_ENV: CANARY_KEY, **(env or {})},
         )
         self.started.append(proc)
         return proc

@@ -174,7 +174,10 @@ async def test_revoked_key_pauses_the_job_in_seconds_and_resume_finishes_it(
     # Only what was in flight when the key was refused (4 per worker) got 401s.
     assert 0 < len(refused) <= 4 * 3
     lines = [line for line in status.stdout.splitlines() if "HTTP 401" in line]
-    assert len(lines) == 1 and "resume" in lines[0], status.stdout + status.stderr
+    paused = [line for line in lines if "paused by llm-batch" in line]
+    assert len(paused) == 1 and "resume" in paused[0], status.stdout + status.stderr
+    # The job's last error says the same, by its fault class.
+    assert any("this job's last error" in line and "Refused: HTTP 401" in line for line in lines)
     remote.assert_exactly_once(spec, summary, 150)
 
 
