@@ -12,7 +12,7 @@ from botocore.exceptions import BotoCoreError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from llmbatch.activities.drain import Drain
+from llmbatch.stages.drain import Drain
 
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:

@@ -50,25 +50,26 @@ ALLOWED: dict[str, set[str]] = {
     "llmbatch.rendering": {"llmbatch.contract"},
     "llmbatch.security": {"llmbatch.config"},
     "llmbatch.engine": {"llmbatch.contract", "llmbatch.telemetry", "llmbatch.dedup.keys"},
-    "llmbatch.dedup": {
-        "llmbatch.contract",
-        "llmbatch.ledger",
-        "llmbatch.formats.records",
-    },
+    "llmbatch.dedup": {"llmbatch.contract", "llmbatch.ledger"},
     "llmbatch.formats": {
         "llmbatch.contract",
         "llmbatch.storage",
         "llmbatch.rendering",
     },
-    "llmbatch.generation": {
+    "llmbatch.stages": {
         "llmbatch.config",
         "llmbatch.contract",
         "llmbatch.ledger",
         "llmbatch.dedup",
         "llmbatch.engine.base",
+        "llmbatch.engine.errors",
         "llmbatch.engine.requests",
         "llmbatch.formats",
+        "llmbatch.rendering",
+        "llmbatch.storage",
+        "llmbatch.tables",
         "llmbatch.telemetry",
+        "llmbatch.remote.pause",
     },
     "llmbatch.tables": {
         "llmbatch.config",
@@ -89,7 +90,6 @@ ALLOWED: dict[str, set[str]] = {
         "llmbatch.ledger.db",
         "llmbatch.remote",
     },
-    "llmbatch.stages": {"llmbatch.contract", "llmbatch.formats", "llmbatch.ledger.items"},
     "llmbatch.client": {
         "llmbatch.config",
         "llmbatch.contract",
@@ -100,7 +100,6 @@ ALLOWED: dict[str, set[str]] = {
 # Imports made only for type checking (under ``if TYPE_CHECKING:``), never at run time.
 TYPES_ONLY: dict[str, set[str]] = {
     "llmbatch.formats": {"llmbatch.ledger.items"},
-    "llmbatch.dedup": {"llmbatch.generation.recorder"},
 }
 OUR_TOPS = ("llmbatch",)
 # Top-level folders of the repository that install as llmbatch.<name> (setup.py).
