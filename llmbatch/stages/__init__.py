@@ -10,12 +10,16 @@ attempt's engine loop over its requests) → ``record`` (engine results and answ
 into the ledger, buffered, fenced by the attempt's lease) → ``encode`` (ledger rows
 into output bytes).
 
-Each stage takes what the one before hands it and hands the next; none calls back
-into an earlier one. Activities are thin adapters over them: ``prepare_shard`` reads,
-renders, answers and registers; ``generate`` runs a generate attempt, which records;
-the write step encodes. ``context`` is what the stages need of the worker they run
-in (the activities' context is one), ``drain`` how a worker's stop reaches an
-engine loop.
+Each stage takes what the one before hands it and hands the next, and imports nothing
+that imports it back. Activities are thin adapters over them: ``prepare_shard``
+reads, renders, answers and registers; ``generate`` runs a generate attempt, whose
+claimed requests the answer stage groups and answers (the cache, other shards' leads,
+asked again for a request another shard still leads) before and while the engine
+loop runs the rest, and which records; the write step encodes. The answer stage
+returns decisions and never calls the stages after it.
+
+``context`` is what the stages need of the worker they run in (the activities'
+context is one), ``drain`` how a worker's stop reaches an engine loop.
 
 May import: ``llmbatch.config``, ``llmbatch.contract``, ``llmbatch.ledger``,
 ``llmbatch.dedup``, ``llmbatch.engine`` (its interface, requests and errors),
