@@ -242,3 +242,22 @@ def test_the_modules_of_each_package_import_no_circle() -> None:
         }
         graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
         assert _circle(graph) == [], package
+
+
+def test_the_packages_and_the_layers_above_them_import_no_circle() -> None:
+    """Across packages as well: no module of the packages the table holds, nor of
+    ``activities``, ``workers`` and ``workflows``, needs one that needs it back
+    (type-checking imports included). dedup/coordination.py and
+    generation/recorder.py once did, dedup calling back into the recorder."""
+    folders = [ROOT / p.replace(".", "/") for p in ALLOWED] + [ROOT / m for m in MAPPED]
+    paths = [path for folder in folders for path in folder.rglob("*.py")]
+    modules = {_module(path) for path in paths}
+
+    def target(name: str) -> str:
+        # ``from llmbatch.dedup import leads`` is the module leads; ``from
+        # llmbatch.dedup.leads import take_leads`` is that module too.
+        return name if name in modules else name.rsplit(".", 1)[0]
+
+    graph = {_module(path): {target(name) for name, _ in _imports(path)} for path in paths}
+    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+    assert _circle(graph) == []
