@@ -1,4 +1,5 @@
-"""What every activity needs at hand: settings, the ledger pool, object storage.
+"""What every activity needs at hand: settings, the ledger pool, object storage
+(a :class:`~llmbatch.stages.context.PrepareContext`, all the stages need).
 
 Workers build one ActivityContext at start and share it between activities, so
 connections are opened once per process, not once per call.
@@ -14,7 +15,7 @@ import asyncpg
 from llmbatch import storage, telemetry
 from llmbatch.config import Settings
 from llmbatch.contract import uris
-from llmbatch.dedup.coordination import PREPARE_WAITS_PER_WORKER, WaitSlots
+from llmbatch.dedup.waits import PREPARE_WAITS_PER_WORKER, WaitSlots
 from llmbatch.rendering.pool import RenderPool
 
 

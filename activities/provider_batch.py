@@ -7,7 +7,7 @@ cancels it. The waiting in between is :mod:`llmbatch.workflows.provider_batch`'s
 
 Items are claimed under a lease per submission (:func:`llmbatch.provider.book.lease_of`)
 and answers land only while it holds them, through the generate step's
-:class:`~llmbatch.generation.recorder.Recorder`, so they are recorded exactly once.
+:class:`~llmbatch.stages.record.Recorder`, so they are recorded exactly once.
 """
 
 from __future__ import annotations
@@ -41,15 +41,16 @@ from llmbatch.contract.provider import (
     ProviderSubmit,
 )
 from llmbatch.contract.states import BatchStatus, ErrorClass, FailureType, ItemStatus
-from llmbatch.dedup.coordination import Group, group_requests, groups_to_run
 from llmbatch.engine.requests import GenerationRequest, failed
 from llmbatch.formats.records import StagedRequest, load_jsonl
-from llmbatch.generation.recorder import Recorder, RecordingContext
 from llmbatch.provider import book, slots
 from llmbatch.provider.client import TOKEN_KEY, BatchClient, ProviderError
 from llmbatch.provider.lines import CHAT_URL, answer_result, request_line
 from llmbatch.provider.settings import batch_endpoint
 from llmbatch.remote.endpoints import Endpoint, EndpointError, get_endpoint
+from llmbatch.stages.answer import Group, group_requests, groups_to_run
+from llmbatch.stages.context import StageContext
+from llmbatch.stages.record import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +60,13 @@ class ProviderRecorder(Recorder):
     the cache is keyed by the endpoint and model, as for the endpoint's online answers."""
 
     def __init__(
-        self, ctx: RecordingContext, input: ShardInput, lease: str, *, endpoint: Endpoint
+        self, ctx: StageContext, input: ShardInput, lease: str, *, endpoint: Endpoint
     ) -> None:
-        super().__init__(ctx, input, lease, GenerateProgress(), [])
-        # The remote engine's (llmbatch.remote.engine): online and batch answers of
-        # one endpoint and model share the result cache.
-        self._weights = endpoint.weights(input.spec.model)
+        # The remote engine's weights (llmbatch.remote.engine): online and batch
+        # answers of one endpoint and model share the result cache.
+        super().__init__(
+            ctx, input, lease, GenerateProgress(), [], weights=endpoint.weights(input.spec.model)
+        )
 
 
 class ProviderBatchActivities:
@@ -222,9 +224,10 @@ class ProviderBatchActivities:
         )
         todo = [r for r in staged.values() if r.item_id in claimed]
         recorder = ProviderRecorder(self._ctx, shard, lease, endpoint=endpoint)
-        groups = await groups_to_run(
-            self._ctx, spec, todo, recorder, weights=endpoint.weights(spec.model)
+        groups, answers = await groups_to_run(
+            self._ctx, spec, todo, weights=endpoint.weights(spec.model)
         )
+        recorder.share(answers)
         lines: list[bytes] = []
         url: str | None = None
         followers: dict[str, list[str]] = {}

@@ -34,14 +34,15 @@ from pathlib import Path
 import msgspec
 from peer import chat_lines
 
-from llmbatch.activities.fetch import _read_rows
-from llmbatch.activities.render import _new_items, _render
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ItemStatus, ResultSource
 from llmbatch.formats.shards import ShardPlan
 from llmbatch.ledger.items import LedgerRow
 from llmbatch.stages.encode import OpenAIWriter
+from llmbatch.stages.read import _read_rows
+from llmbatch.stages.register import _new_items
+from llmbatch.stages.render import _key_requests, _render
 from llmbatch.storage.stores import open_store
 from llmbatch.workers.startup import GC_THRESHOLDS
 
@@ -98,7 +99,8 @@ def main() -> None:
                 spec, InputFormat.OPENAI, rows, shard=0, overrides={}, rendered={}
             )
             t2 = time.process_time()
-            items = _new_items(spec, rows, requests, None)
+            _key_requests(spec, requests)
+            items = _new_items(rows, requests)
             t3 = time.process_time()
             entries = [
                 LedgerRow(i.item_id, i.ordinal, ItemStatus.SUCCEEDED, 1, i.source, RESULT,

@@ -15,15 +15,14 @@ from llmbatch.activities.api_batch import ApiBatchActivities
 from llmbatch.activities.context import ActivityContext
 from llmbatch.activities.control import ControlActivities
 from llmbatch.activities.dead_letters import DeadLetterActivities
-from llmbatch.activities.drain import Drain
-from llmbatch.activities.fetch import FetchActivities
+from llmbatch.activities.legacy import LegacyActivities
 from llmbatch.activities.planning import PlanningActivities
 from llmbatch.activities.prepare import PrepareActivities
 from llmbatch.activities.provider_batch import ProviderBatchActivities
-from llmbatch.activities.render import RenderActivities
 from llmbatch.activities.write import WriteActivities
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
+from llmbatch.stages.drain import Drain
 from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE, BackgroundHeartbeatInterceptor
 from llmbatch.workers.preflight import check_services
 from llmbatch.workers.queues import export_gauges
@@ -43,9 +42,8 @@ def build_cpu_worker(
     Stopped, it lets its reads, renders and writes run ``drain_timeout`` more before
     the SDK cancels them (0, in-process workers: at once).
     """
-    planning, fetch = PlanningActivities(ctx), FetchActivities(ctx)
-    render, write = RenderActivities(ctx), WriteActivities(ctx)
-    prepare = PrepareActivities(ctx)
+    planning, write = PlanningActivities(ctx), WriteActivities(ctx)
+    prepare, legacy = PrepareActivities(ctx), LegacyActivities(ctx)
     control = ControlActivities(ctx)
     dead_letters = DeadLetterActivities(ctx)
     api_batch = ApiBatchActivities(ctx)
@@ -65,8 +63,8 @@ def build_cpu_worker(
             planning.record_job_end,
             prepare.prepare_shard,
             # Shards started before prepare_shard existed still run these two.
-            fetch.fetch_shard,
-            render.render_prompts,
+            legacy.fetch_shard,
+            legacy.render_prompts,
             write.write_shard,
             dead_letters.fail_shard,
             dead_letters.report_dead_letters,

@@ -25,13 +25,13 @@ from temporalio.worker import Worker
 
 from llmbatch import ledger, telemetry
 from llmbatch.activities.context import ActivityContext
-from llmbatch.activities.drain import Drain
 from llmbatch.activities.generate import GenerateActivities
 from llmbatch.client.temporal import connect
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
 from llmbatch.engine.options import EngineOptions
 from llmbatch.engine.vllm_engine import Engine
+from llmbatch.stages.drain import Drain
 from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE
 from llmbatch.workers.preflight import check_services
 from llmbatch.workers.shutdown import CONNECTION_ERRORS, connection_lost, serve

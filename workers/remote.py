@@ -21,7 +21,6 @@ from temporalio.worker import Worker
 
 from llmbatch import ledger, telemetry
 from llmbatch.activities.context import ActivityContext
-from llmbatch.activities.drain import Drain
 from llmbatch.activities.generate import GenerateActivities
 from llmbatch.config import Settings
 from llmbatch.contract.spec import Task
@@ -30,6 +29,7 @@ from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.engine import RemoteEngine
 from llmbatch.remote.http import Transport, Verdict
 from llmbatch.remote.pause import pause_workflow
+from llmbatch.stages.drain import Drain
 from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE
 from llmbatch.workers.preflight import check_services
 from llmbatch.workers.shutdown import CONNECTION_ERRORS, connection_lost, serve

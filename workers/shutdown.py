@@ -12,8 +12,8 @@ from botocore.exceptions import BotoCoreError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from llmbatch.activities.drain import Drain
 from llmbatch.errors import LlmBatchError
+from llmbatch.stages.drain import Drain
 
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:

@@ -3,11 +3,12 @@
 ``keys`` derives request keys (what makes two requests the same) and cache keys
 (the same request of the same weights); ``result_cache`` is the cross-job result cache
 in Postgres; ``leads`` is the SQL of in-job deduplication (one leader per distinct
-request) and ``coordination`` is how a generate attempt uses it (groups, leads, cache
-hits) and how a prepare step answers before it (the job's leads, the cache, and a
-short wait for other shards' leads).
+request), with the part of the register statement that answers new items from the
+job's leads and the cache; ``waits`` is how a prepare step waits for other shards'
+leads. What a shard decides with them is the answer stage's
+(:mod:`llmbatch.stages.answer`), which the stages after it record.
 
-May import: ``llmbatch.contract``, ``llmbatch.ledger``, ``llmbatch.formats.records``;
-never ``llmbatch.engine`` (the engine imports ``keys``), storage or activities.
-Submodules are not imported here, so the engine can take ``keys`` alone.
+May import: ``llmbatch.contract`` and ``llmbatch.ledger``; never ``llmbatch.engine``
+(the engine imports ``keys``), storage, the stages or activities. Submodules are not
+imported here, so the engine can take ``keys`` alone.
 """

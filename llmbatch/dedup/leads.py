@@ -1,12 +1,13 @@
 """The SQL of in-job deduplication: one leader per distinct request of a job.
 
 A shard leads a request key (its item generates it) or waits for the leader's
-result; a lead whose attempt died is taken over. Registering a shard leads its pending
-requests until its generate step takes them over (``REGISTERED_LEAD``, written by
-:func:`llmbatch.ledger.items.register_items`). A shard whose every request another
-shard leads waits for them at prepare (:func:`lead_progress`), and is answered by
-registering or, when it registered first, by :func:`answer_from_leads`. Fenced in
-the WHERE clause.
+result; a lead whose attempt died is taken over. Registering a shard answers its
+items from the job's succeeded leads and the result cache, and leads the requests it
+leaves pending until its generate step takes them over (:data:`REGISTER_ANSWERS`, the
+part of :func:`llmbatch.ledger.items.register_items`'s statement that is dedup's;
+``REGISTERED_LEAD``). A shard whose every request another shard leads waits for them
+at prepare (:func:`lead_progress`), and is answered by registering or, when it
+registered first, by :func:`answer_from_leads`. Fenced in the WHERE clause.
 """
 
 from __future__ import annotations
@@ -20,7 +21,73 @@ from llmbatch.contract.states import (
     ResultSource,
 )
 from llmbatch.ledger.db import THIS_JOB, Database, batch_rows
-from llmbatch.ledger.items import REGISTERED_LEAD, Answered
+from llmbatch.ledger.items import Answered, Answering, AnswerSql
+
+# The lease owner of a lead that registering took (see REGISTER_ANSWERS): no attempt's
+# lease, so any generate attempt takes it over, and other shards wait for it only a
+# while (:func:`lead_progress`).
+REGISTERED_LEAD = "registered"
+
+# How registering a shard's items answers them in its one statement: from the job's
+# succeeded lead of an item's request (``lead_key``: its request key) first, a result
+# of this job, else from the result cache's entry of its ``cache_key``; written as a
+# generate attempt would have recorded them: ``deduplicated`` and the leader's (or
+# entry's) item id when the result is this job's own, else ``cached`` and
+# ``job/item`` (or only ``result_cache`` when ``anonymous``: another tenant's entry is
+# never named).
+#
+# And ``led``: a request left pending here is led by its first item here, unless the
+# job leads it already: a shard registered after this one then waits for its result
+# and registers answered (one write an item), where it would otherwise find no lead
+# yet (this shard's generate step has not started), register pending and be answered
+# by a second write. Only while the job has a shard planned after this one, which
+# starts (and registers) later: the last shard's leads would keep nobody waiting, and
+# cost a write each.
+REGISTER_ANSWERS = AnswerSql(
+    keys=("cache_key", "lead_key"),
+    params=("deduplicated", "cached", "anonymous", "registered_lead"),
+    answers="""
+        SELECT t.item_id, t.ordinal, t.prompt_hash, t.source,
+               coalesce(li.result, c.result) AS result,
+               CASE WHEN li.item_id IS NOT NULL THEN li.prompt_tokens
+                    ELSE c.prompt_tokens END AS prompt_tokens,
+               CASE WHEN li.item_id IS NOT NULL THEN li.completion_tokens
+                    ELSE c.completion_tokens END AS completion_tokens,
+               CASE WHEN li.item_id IS NOT NULL OR c.job_id = {job_id} THEN {deduplicated}
+                    WHEN c.cache_key IS NOT NULL THEN {cached} END AS result_source,
+               CASE WHEN li.item_id IS NOT NULL THEN li.item_id
+                    WHEN c.job_id = {job_id} THEN c.item_id
+                    WHEN c.cache_key IS NULL THEN NULL
+                    WHEN {anonymous} THEN 'result_cache'
+                    ELSE c.job_id || '/' || c.item_id END AS shared_with
+        FROM t
+        LEFT JOIN dedup_leads AS l ON l.job_id = {this_job} AND l.request_key = t.lead_key
+        LEFT JOIN items AS li
+               ON li.job_id = {this_job} AND li.item_id = l.item_id AND li.status = {succeeded}
+        LEFT JOIN result_cache AS c
+               ON c.cache_key = t.cache_key AND li.item_id IS NULL""",
+    after=""", led AS (
+        INSERT INTO dedup_leads (job_id, request_key, item_id, lease_owner)
+        SELECT DISTINCT ON (t.lead_key) {job_id}, t.lead_key, r.item_id, {registered_lead}
+        FROM registered AS r JOIN t ON t.item_id = r.item_id
+        WHERE r.status = {pending} AND t.lead_key IS NOT NULL
+          AND EXISTS (SELECT FROM shards AS s WHERE s.job_id = {job_id} AND s.shard > {shard})
+        ORDER BY t.lead_key, t.ordinal
+        ON CONFLICT (job_id, request_key) DO NOTHING
+    )""",
+)
+
+
+def register_answers(
+    keys: Sequence[tuple[str | None, str | None]], *, anonymous: bool
+) -> Answering:
+    """:data:`REGISTER_ANSWERS` for a registration whose items have ``keys`` (each
+    one's lead key and cache key, in the items' order; None: not answered so)."""
+    return Answering(
+        REGISTER_ANSWERS,
+        keys=([c for _, c in keys], [k for k, _ in keys]),
+        params=(ResultSource.DEDUPLICATED, ResultSource.CACHED, anonymous, REGISTERED_LEAD),
+    )
 
 
 @dataclass(slots=True)

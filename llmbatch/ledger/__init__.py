@@ -1,9 +1,11 @@
 """The ledger: everything llm-batch keeps in Postgres about jobs and their items.
 
 Owns the SQL of the tables of ``migrations/`` but dedup leads
-(``llmbatch.dedup.leads``), the result cache (``llmbatch.dedup.result_cache``; its
-entries answer new items in ``items.register_items``, one statement) and
-remote endpoints' registry, budgets and figures (``llmbatch.remote``): ``db`` (pool,
+(``llmbatch.dedup.leads``), the result cache (``llmbatch.dedup.result_cache``) and
+remote endpoints' registry, budgets and figures (``llmbatch.remote``); registering
+items takes the SQL that answers them as they are written from whoever answers them
+(``items.AnswerSql``: the job's leads and the cache, ``llmbatch.dedup.leads``), so that
+it stays one statement. ``db`` (pool,
 transaction), ``items`` (register, claim, record, release: the item state machine of
 :data:`llmbatch.contract.states.ITEM_TRANSITIONS`), ``jobs`` (a job's row, plan and
 counts), ``dead_letters`` (dead items and the re-drive), ``usage`` (engine time and

@@ -10,11 +10,12 @@ an attempt that outlived its heartbeat timeout cannot overwrite a newer one.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -28,16 +29,12 @@ from llmbatch.ledger.db import TERMINAL, THIS_JOB, Database, batch_rows, transac
 
 @dataclass(slots=True)
 class NewItem:
-    """An item to register: ``ordinal`` is its position in the input (output order).
-    With a ``lead_key`` (its request key) the job's succeeded lead of that request
-    answers it, else with a ``cache_key`` the result cache's entry of that key."""
+    """An item to register: ``ordinal`` is its position in the input (output order)."""
 
     item_id: str
     ordinal: int
     prompt_hash: str | None
     source: str
-    cache_key: str | None = None
-    lead_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -106,88 +103,108 @@ class LedgerRow:
     shared_with: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerSql:
+    """How registering answers new items as it writes them, in the same statement:
+    SQL that whoever answers them owns (:data:`llmbatch.dedup.leads.REGISTER_ANSWERS`:
+    the job's leads and the result cache), put into :func:`register_items`'s.
+
+    ``keys`` names per-item text columns added to the batch ``t`` (item_id, ordinal,
+    prompt_hash, source, then these); ``answers`` is a query over ``t`` giving each of
+    its rows those four columns and ``result``, ``prompt_tokens``,
+    ``completion_tokens``, ``result_source`` and ``shared_with`` (all NULL: not
+    answered, written pending); ``after`` adds CTEs (each starting with a comma) that
+    run with the insert, over ``t`` and ``registered`` (its rows written: item_id,
+    status). They name the statement's parameters as ``{job_id}``, ``{shard}``,
+    ``{pending}``, ``{succeeded}`` (:class:`_Params`) and ``{this_job}``
+    (:data:`~llmbatch.ledger.db.THIS_JOB`), their key columns' arrays as
+    ``{<key>}``, and their own parameters, ``params``, by those names."""
+
+    keys: tuple[str, ...]
+    params: tuple[str, ...]
+    answers: str
+    after: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Answering:
+    """An :class:`AnswerSql` with its values for one registration: ``keys`` holds one
+    list per key column, in the order of the items registered, and ``params`` the
+    values of its parameters."""
+
+    sql: AnswerSql
+    keys: tuple[Sequence[str | None], ...]
+    params: tuple[Any, ...]
+
+
+class _Params(NamedTuple):
+    """The register statement's own parameters, in their order ($1, $2, ...)."""
+
+    job_id: str
+    shard: int
+    item_ids: list[str]
+    ordinals: list[int]
+    prompt_hashes: list[str | None]
+    sources: list[str]
+    terminal: list[str]
+    pending: str
+    succeeded: str
+
+
+# Not answered: every item written pending.
+_UNANSWERED = AnswerSql(
+    keys=(),
+    params=(),
+    answers="""
+        SELECT t.item_id, t.ordinal, t.prompt_hash, t.source, NULL::jsonb AS result,
+               NULL::integer AS prompt_tokens, NULL::integer AS completion_tokens,
+               NULL::text AS result_source, NULL::text AS shared_with
+        FROM t""",
+)
+
+
 def _answer(column: str) -> str:
     # An existing row takes the answer only while pending (a stale render attempt
     # never touches what a generate attempt holds or finished).
     return (
-        f"{column} = CASE WHEN items.status = $8 AND EXCLUDED.status = $9 "
+        f"{column} = CASE WHEN items.status = {{pending}} AND EXCLUDED.status = {{succeeded}} "
         f"THEN EXCLUDED.{column} ELSE items.{column} END"
     )
 
 
-# The lease owner of a lead that registering took (see _REGISTER): no attempt's lease,
-# so any generate attempt takes it over, and other shards wait for it only a while
-# (llmbatch.dedup.leads.lead_progress).
-REGISTERED_LEAD = "registered"
-
-# Registering a shard's items, answering those the job's leads or the result cache hold:
-# as a plain insert (_REGISTER_NEW) or one that updates ids already there (below).
+# Registering a shard's items, answered as :class:`AnswerSql` has it: as a plain insert
+# or one that updates ids already there (/*conflict*/).
 _REGISTER = """
     WITH t AS (
-        SELECT * FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[],
-                             $13::text[], $14::text[])
-            AS t(item_id, ordinal, prompt_hash, source, cache_key, lead_key)
-    ), answers AS (
-        -- The job's own lead first (a result of this job), then the cache.
-        SELECT t.item_id, t.ordinal, t.prompt_hash, t.source,
-               coalesce(li.result, c.result) AS result,
-               CASE WHEN li.item_id IS NOT NULL THEN li.prompt_tokens
-                    ELSE c.prompt_tokens END AS prompt_tokens,
-               CASE WHEN li.item_id IS NOT NULL THEN li.completion_tokens
-                    ELSE c.completion_tokens END AS completion_tokens,
-               CASE WHEN li.item_id IS NOT NULL OR c.job_id = $1 THEN $10
-                    WHEN c.cache_key IS NOT NULL THEN $11 END AS result_source,
-               CASE WHEN li.item_id IS NOT NULL THEN li.item_id
-                    WHEN c.job_id = $1 THEN c.item_id
-                    WHEN c.cache_key IS NULL THEN NULL
-                    WHEN $12 THEN 'result_cache'
-                    ELSE c.job_id || '/' || c.item_id END AS shared_with
-        FROM t
-        LEFT JOIN dedup_leads AS l ON l.job_id = {this_job} AND l.request_key = t.lead_key
-        LEFT JOIN items AS li
-               ON li.job_id = {this_job} AND li.item_id = l.item_id AND li.status = $9
-        LEFT JOIN result_cache AS c
-               ON c.cache_key = t.cache_key AND li.item_id IS NULL
+        SELECT * FROM unnest({item_ids}::text[], {ordinals}::bigint[],
+                             {prompt_hashes}::text[], {sources}::text[]/*key arrays*/)
+            AS t(item_id, ordinal, prompt_hash, source/*key columns*/)
+    ), answers AS (/*answers*/
     ), registered AS (
         INSERT INTO items (job_id, item_id, shard, ordinal, prompt_hash, source,
                            status, result, prompt_tokens, completion_tokens,
                            latency_ms, result_source, shared_with, finished_at)
-        SELECT $1, a.item_id, $2, a.ordinal, a.prompt_hash, a.source,
-               CASE WHEN a.result_source IS NULL THEN $8 ELSE $9 END,
+        SELECT {job_id}, a.item_id, {shard}, a.ordinal, a.prompt_hash, a.source,
+               CASE WHEN a.result_source IS NULL THEN {pending} ELSE {succeeded} END,
                a.result, a.prompt_tokens, a.completion_tokens,
                CASE WHEN a.result_source IS NOT NULL THEN 0.0 END,
                a.result_source, a.shared_with,
                CASE WHEN a.result_source IS NOT NULL THEN now() END
         FROM answers AS a
-        {conflict}
+        /*conflict*/
         RETURNING item_id, status, result_source, prompt_tokens, completion_tokens
-    ), led AS (
-        -- A request left pending here is led by its first item here, unless the job
-        -- leads it already: a shard registered after this one then waits for its
-        -- result and registers answered (one write an item), where it would
-        -- otherwise find no lead yet (this shard's generate step has not started),
-        -- register pending and be answered by a second write. Only while the job
-        -- has a shard planned after this one, which starts (and registers) later:
-        -- the last shard's leads would keep nobody waiting, and cost a write each.
-        INSERT INTO dedup_leads (job_id, request_key, item_id, lease_owner)
-        SELECT DISTINCT ON (t.lead_key) $1, t.lead_key, r.item_id, $15
-        FROM registered AS r JOIN t ON t.item_id = r.item_id
-        WHERE r.status = $8 AND t.lead_key IS NOT NULL
-          AND EXISTS (SELECT FROM shards AS s WHERE s.job_id = $1 AND s.shard > $2)
-        ORDER BY t.lead_key, t.ordinal
-        ON CONFLICT (job_id, request_key) DO NOTHING
-    )
+    )/*after*/
     -- The ids written and left to run (not those finished: a cached shard's
     -- are all of them), what answered the others, and how many rows were
     -- written: when that is every item, no id needs looking up again (below).
     SELECT 'pending' AS kind, item_id, NULL AS result_source, 0::bigint AS items,
            0::bigint AS prompt_tokens, 0::bigint AS completion_tokens
-    FROM registered WHERE status <> ALL($7::text[])
+    FROM registered WHERE status <> ALL({terminal}::text[])
     UNION ALL
     SELECT 'answered', NULL, result_source, count(*),
            coalesce(sum(prompt_tokens), 0)::bigint,
            coalesce(sum(completion_tokens), 0)::bigint
-    FROM registered WHERE status = $9 GROUP BY result_source
+    FROM registered WHERE status = {succeeded} GROUP BY result_source
     UNION ALL
     SELECT 'written', NULL, NULL, count(*), 0, 0 FROM registered
 """
@@ -201,7 +218,7 @@ ON CONFLICT (job_id, item_id) DO UPDATE
         {_answer("result_source")}, {_answer("shared_with")},
         {_answer("finished_at")}, {_answer("error_class")},
         {_answer("error_message")}
-    WHERE items.shard = EXCLUDED.shard AND items.status <> ALL($7::text[])
+    WHERE items.shard = EXCLUDED.shard AND items.status <> ALL({{terminal}}::text[])
 """
 # A shard's placeholders (rows a failed attempt never read) and their dead letters.
 _CLEAR_PLACEHOLDERS = f"""
@@ -212,8 +229,24 @@ _CLEAR_PLACEHOLDERS = f"""
     DELETE FROM dead_letters AS d USING gone
     WHERE d.job_id = $1 AND d.item_id = gone.item_id
 """
-_REGISTER_NEW = _REGISTER.format(conflict="", this_job=THIS_JOB)
-_REGISTER_CHECKED = _REGISTER.format(conflict=_ON_CONFLICT, this_job=THIS_JOB)
+
+
+@functools.cache
+def _register_sql(answering: AnswerSql, *, checked: bool) -> str:
+    """The register statement answering as ``answering`` has it, checking for ids
+    already there when ``checked``; its parameters numbered in the order of
+    :class:`_Params`, then ``answering``'s key arrays, then its own."""
+    names = [*_Params._fields, *answering.keys, *answering.params]
+    numbers = {name: f"${n}" for n, name in enumerate(names, start=1)}
+    assert numbers["job_id"] == "$1"  # THIS_JOB names it so
+    text = (
+        _REGISTER.replace("/*key arrays*/", "".join(f", {{{k}}}::text[]" for k in answering.keys))
+        .replace("/*key columns*/", "".join(f", {k}" for k in answering.keys))
+        .replace("/*answers*/", answering.answers)
+        .replace("/*after*/", answering.after)
+        .replace("/*conflict*/", _ON_CONFLICT if checked else "")
+    )
+    return text.format(this_job=THIS_JOB, **numbers)
 
 
 async def register_items(
@@ -222,22 +255,16 @@ async def register_items(
     job_id: str,
     shard: int,
     items: Sequence[NewItem],
-    anonymous: bool = False,
+    answering: Answering | None = None,
 ) -> Registered:
     """Insert pending rows for new items; report those already finished and those
     another shard holds (which this shard must not run).
 
-    An item whose ``lead_key`` the job's dedup leads hold with a succeeded leader, or
-    whose ``cache_key`` the result cache holds, is written succeeded at once with that
+    With ``answering``, an item it answers is written succeeded at once with that
     result (one write instead of pending, claimed, succeeded), as a generate attempt
-    would have recorded it: ``deduplicated`` and the leader's (or entry's) item id when
-    the result is this job's own, else ``cached`` and ``job/item`` (or only
-    ``result_cache`` when ``anonymous``: another tenant's entry is never named). Of an
-    item already registered only a pending one takes the answer.
-
-    An item left pending leads its request (``lead_key``) when the job has no lead
-    of it yet and a shard planned after this one (``REGISTERED_LEAD``): shards
-    registered after this one wait for it.
+    would have recorded it, and what its SQL adds runs with the insert (see
+    :class:`AnswerSql`). Of an item already registered only a pending one takes the
+    answer.
 
     Placeholders of the shard (rows a failed attempt never read) give way to the
     real items here, and their dead letters go with them.
@@ -245,23 +272,20 @@ async def register_items(
     if not items:
         return Registered(done=set(), elsewhere=set())
     ids = [i.item_id for i in items]
-
+    sql = _UNANSWERED if answering is None else answering.sql
     args = (
-        job_id,
-        shard,
-        ids,
-        [i.ordinal for i in items],
-        [i.prompt_hash for i in items],
-        [i.source for i in items],
-        TERMINAL,
-        ItemStatus.PENDING,
-        ItemStatus.SUCCEEDED,
-        ResultSource.DEDUPLICATED,
-        ResultSource.CACHED,
-        anonymous,
-        [i.cache_key for i in items],
-        [i.lead_key for i in items],
-        REGISTERED_LEAD,
+        *_Params(
+            job_id=job_id,
+            shard=shard,
+            item_ids=ids,
+            ordinals=[i.ordinal for i in items],
+            prompt_hashes=[i.prompt_hash for i in items],
+            sources=[i.source for i in items],
+            terminal=TERMINAL,
+            pending=ItemStatus.PENDING,
+            succeeded=ItemStatus.SUCCEEDED,
+        ),
+        *(() if answering is None else (*answering.keys, *answering.params)),
     )
     async with transaction(pool) as conn:
         await conn.execute(
@@ -275,9 +299,9 @@ async def register_items(
             # (a speculative insertion and its confirmation, per row). In a savepoint,
             # so that an id already there undoes it and the checked insert runs instead.
             async with conn.transaction():
-                answered = await conn.fetch(_REGISTER_NEW, *args)
+                answered = await conn.fetch(_register_sql(sql, checked=False), *args)
         except asyncpg.UniqueViolationError:
-            answered = await conn.fetch(_REGISTER_CHECKED, *args)
+            answered = await conn.fetch(_register_sql(sql, checked=True), *args)
         elsewhere: set[str] = set()
         if next(r["items"] for r in answered if r["kind"] == "written") == len(ids):
             done = set(ids).difference(r["item_id"] for r in answered if r["kind"] == "pending")

@@ -3,7 +3,7 @@
 A request line's ``custom_id`` is the item id of the request's lead item (the one the
 deduplicated items share an answer with). An answer line becomes the
 :class:`~llmbatch.engine.requests.GenerationResult` the online engines produce, so
-the generate step's :class:`~llmbatch.generation.recorder.Recorder` records it.
+the generate step's :class:`~llmbatch.stages.record.Recorder` records it.
 """
 
 from __future__ import annotations

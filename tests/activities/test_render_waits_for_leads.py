@@ -19,11 +19,11 @@ from temporalio.testing import ActivityEnvironment
 
 from llmbatch import ledger
 from llmbatch.activities.context import ActivityContext
-from llmbatch.activities.render import render_and_register
+from llmbatch.activities.prepare import render_and_register
 from llmbatch.config import Settings
 from llmbatch.contract.messages import JobLayout, RenderResult, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
-from llmbatch.dedup import coordination, leads
+from llmbatch.dedup import leads, waits
 from llmbatch.formats.records import StagedRequest, StagedRow, load_jsonl
 from llmbatch.ledger.jobs import PlannedShard
 
@@ -184,7 +184,7 @@ async def test_a_shard_registered_after_the_leading_shard_waits_before_its_gener
     assert await ledger_pool.fetchval(
         "SELECT count(*) FROM dedup_leads WHERE job_id = $1 AND lease_owner = $2",
         job_id,
-        ledger.items.REGISTERED_LEAD,
+        leads.REGISTERED_LEAD,
     ) == len(NAMES)
 
     # Shard 1 asks for the same requests: it waits for shard 0, which has not claimed
@@ -249,7 +249,7 @@ async def test_an_earlier_shard_that_never_registers_is_waited_for_only_so_long(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(coordination, "EARLIER_SHARDS_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(waits, "EARLIER_SHARDS_WAIT_SECONDS", 0.5)
     first = _input(tmp_path)
     await _plan_three_shards(ledger_pool, first)
     # Shard 0 never registers (its prepare step is stuck, say): shard 1 waits for it,

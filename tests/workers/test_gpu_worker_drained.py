@@ -31,7 +31,7 @@ from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract.spec import ChatMessage, JobSpec, SamplingSpec
 from llmbatch.devstack.demo import wait_for_pollers
-from llmbatch.generation.recorder import FLUSH_EVERY_ITEMS
+from llmbatch.stages.record import FLUSH_EVERY_ITEMS
 from tests.fixtures.worker_processes import (
     gpu_worker_process,
     items_by_id,

@@ -2,8 +2,8 @@
 anything is sent.
 
 The job's rows are read, staged and rendered by the very functions its shards use
-(``llmbatch.activities.fetch.read_staged_rows``,
-``llmbatch.activities.render.render_rows``), grouped as its generate steps group them
+(:func:`llmbatch.stages.read.read_staged_rows`,
+:func:`llmbatch.stages.render.render_rows`), grouped as its generate steps group them
 (in-job deduplication, across all its shards), and the distinct requests the result
 cache holds are left out (looked at, not counted as hits). What is left is what the
 endpoint would be sent: its prompt tokens counted as the remote worker counts them for
@@ -18,12 +18,9 @@ import asyncio
 from dataclasses import asdict, dataclass
 
 from llmbatch import ledger, storage
-from llmbatch.activities.fetch import read_staged_rows
-from llmbatch.activities.render import render_rows
 from llmbatch.config import Settings
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.dedup import result_cache
-from llmbatch.dedup.coordination import group_requests
 from llmbatch.dedup.keys import cache_key, cache_scope
 from llmbatch.engine.requests import GenerationRequest
 from llmbatch.formats import ShardPlan, planning
@@ -31,6 +28,9 @@ from llmbatch.formats.records import StagedRequest
 from llmbatch.remote.endpoints import Endpoint, get_endpoint
 from llmbatch.remote.tokens import PromptTokens
 from llmbatch.rendering.pool import RenderPool
+from llmbatch.stages.answer import group_requests
+from llmbatch.stages.read import read_staged_rows
+from llmbatch.stages.render import render_rows
 from llmbatch.tables import jobs as tables
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from llmbatch import ledger
 from llmbatch.contract.states import ITEM_TRANSITIONS, TERMINAL_STATUSES, ErrorClass, ItemStatus
-from llmbatch.dedup import result_cache
+from llmbatch.dedup import leads, result_cache
 
 ITEMS = [f"i{k}" for k in range(4)]
 # Attempts of one activity (the shard's generate): a higher number is a newer attempt,
@@ -98,16 +98,21 @@ async def _apply(pool: asyncpg.Pool, job_id: str, step: Step) -> None:
     elif kind == "answer":
         # The render step again, the cache now holding the items' request.
         await ledger.items.register_items(
-            pool, job_id=job_id, shard=0, items=_new(ids, cache_key=_cache_key(job_id))
+            pool,
+            job_id=job_id,
+            shard=0,
+            items=_new(ids),
+            answering=leads.register_answers(
+                [(None, _cache_key(job_id))] * len(ids), anonymous=False
+            ),
         )
     else:
         await ledger.dead_letters.requeue_dead(pool, job_id=job_id, item_ids=ids)
 
 
-def _new(ids: list[str], *, cache_key: str | None = None) -> list[ledger.items.NewItem]:
+def _new(ids: list[str]) -> list[ledger.items.NewItem]:
     return [
-        ledger.items.NewItem(i, ITEMS.index(i), None, f"in.jsonl:{ITEMS.index(i) + 1}", cache_key)
-        for i in ids
+        ledger.items.NewItem(i, ITEMS.index(i), None, f"in.jsonl:{ITEMS.index(i) + 1}") for i in ids
     ]
 
 

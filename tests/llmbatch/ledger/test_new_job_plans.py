@@ -130,17 +130,29 @@ async def test_a_new_jobs_statements_stay_linear(
                                       for rows, where in nested)  # fmt: skip
         return result
 
-    def new(shard: int, n: int, *, offset: int, leads: bool = True) -> list[ledger.items.NewItem]:
+    def new(shard: int, n: int, *, offset: int) -> list[ledger.items.NewItem]:
         return [
             ledger.items.NewItem(
                 item_id=f"s{shard}-{i}",
                 ordinal=offset + i,
                 prompt_hash=keys[i % KEYS],
                 source="rows.jsonl",
-                lead_key=keys[i % KEYS] if leads else None,
             )
             for i in range(n)
         ]
+
+    def register(shard: int, items: list[ledger.items.NewItem], *, by_leads: bool = True) -> Any:
+        """Register ``items`` as prepare does, answered from the job's leads (by their
+        request keys) when ``by_leads``, else by nothing (a sampled job's requests)."""
+        return ledger.items.register_items(
+            conn,
+            job_id=job,
+            shard=shard,
+            items=items,
+            answering=leads.register_answers(
+                [(i.prompt_hash if by_leads else None, None) for i in items], anonymous=False
+            ),
+        )
 
     # Shard 0 registers, and shard 1 while shard 0's generate step runs: shard 0
     # claims its items, takes the leads and records them; then the leads answer
@@ -152,7 +164,7 @@ async def test_a_new_jobs_statements_stay_linear(
     await ledger.jobs.record_shards(
         conn, job_id=job, shards=[PlannedShard(n, "rows.jsonl", 0, 0, None) for n in range(3)]
     )
-    await linear(SHARD0, ledger.items.register_items(conn, job_id=job, shard=0, items=first))
+    await linear(SHARD0, register(0, first))
     assert await conn.fetchval("SELECT count(*) FROM dedup_leads WHERE job_id = $1", job) == KEYS
     # Shard 1, rendered, polls the leads registering took (a waiting shard's poll).
     waiting = await linear(
@@ -165,7 +177,7 @@ async def test_a_new_jobs_statements_stay_linear(
     assert len(current) == KEYS
     # A shard that found no lead asks whether the shards before it registered.
     assert await linear(1, ledger.jobs.shards_unregistered(conn, job_id=job, before=2)) == 1
-    await linear(FOLLOWERS, ledger.items.register_items(conn, job_id=job, shard=1, items=second))
+    await linear(FOLLOWERS, register(1, second))
     owner = "gpu#1"
     claimed = await linear(
         SHARD0,
@@ -198,12 +210,12 @@ async def test_a_new_jobs_statements_stay_linear(
     answered, _ = await linear(
         FOLLOWERS,
         leads.answer_from_leads(
-            conn, job_id=job, shard=1, items=[(i.item_id, i.lead_key or "") for i in second]
+            conn, job_id=job, shard=1, items=[(i.item_id, i.prompt_hash or "") for i in second]
         ),
     )
     assert len(answered) == FOLLOWERS
-    third = new(2, SHARD0, offset=SHARD0 + FOLLOWERS, leads=False)
-    await linear(SHARD0, ledger.items.register_items(conn, job_id=job, shard=2, items=third))
+    third = new(2, SHARD0, offset=SHARD0 + FOLLOWERS)
+    await linear(SHARD0, register(2, third, by_leads=False))
     ids = [i.item_id for i in third]
     await linear(SHARD0, ledger.items.claim_items(conn, job_id=job, item_ids=ids, lease_owner="b"))
     released = await linear(

@@ -1,43 +1,30 @@
-"""Reading one shard's rows from the input (:func:`read_shard_rows`), and the
-``fetch_shard`` step of shards started before ``prepare_shard`` read and rendered them."""
+"""Read: a shard's rows from the input, each with its item id
+(:class:`~llmbatch.formats.records.StagedRow`), the first stage of its item path.
+
+A row that cannot be read, or has no item id of its own, still comes out, with the
+reason: rendering sends it to the dead list, so every row is accounted for.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
 
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from llmbatch import formats, telemetry
-from llmbatch.activities.context import ActivityContext
 from llmbatch.config import Settings
 from llmbatch.contract.messages import FetchResult, ShardInput
-from llmbatch.contract.names import FETCH_SHARD
 from llmbatch.contract.spec import InputFormat, JobSpec
 from llmbatch.contract.states import ErrorClass, FailureType
-from llmbatch.formats.records import StagedRow, dump_jsonl
+from llmbatch.formats.records import StagedRow
+from llmbatch.stages.context import PrepareContext
 from llmbatch.storage.base import ObjectStore
 from llmbatch.tables import jobs as tables
 from llmbatch.tables.connect import TableError
 
 
-class FetchActivities:
-    def __init__(self, ctx: ActivityContext) -> None:
-        self._ctx = ctx
-
-    @activity.defn(name=FETCH_SHARD)
-    async def fetch_shard(self, input: ShardInput) -> FetchResult:
-        """Read the shard's row range and stage the rows with their item ids: the first
-        step of shards started before ``prepare_shard`` did this and rendering both."""
-        rows, fetched = await read_shard_rows(self._ctx, input)
-        await self._ctx.write(input.layout.shard_rows(input.shard), dump_jsonl(rows))
-        return fetched
-
-
-async def read_shard_rows(
-    ctx: ActivityContext, input: ShardInput
-) -> tuple[list[StagedRow], FetchResult]:
+async def read_shard(ctx: PrepareContext, input: ShardInput) -> tuple[list[StagedRow], FetchResult]:
     """The shard's rows from the input (its row range, by its plan), with item ids,
     and how many there are and how many of them could not be read."""
     layout = input.layout

@@ -1,4 +1,5 @@
-"""generate's results reach the ledger whatever characters the model emits."""
+"""The record stage: a generate attempt's results reach the ledger whatever characters
+the model emits."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from llmbatch.contract.messages import GenerateProgress, JobLayout, ShardInput
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec
 from llmbatch.engine.requests import GenerationResult
 from llmbatch.formats.records import StagedRequest
-from llmbatch.generation.recorder import Recorder
+from llmbatch.stages.record import Recorder
 
 JOB, LEASE = "nul-job", "nul-job/shard-00000/3#1"
 

@@ -1,7 +1,9 @@
-"""Recording a shard's engine results: buffered, written to the ledger in batches fenced
-by the attempt's lease, each dedup group's result shared with its repeats, new results
-offered to the result cache, an embed job's vectors staged in the object store, and the
-attempt's engine usage kept up to date.
+"""Record: a generate attempt's outcomes into the ledger. Engine results are buffered
+and written in batches fenced by the attempt's lease, each group's result shared with
+its repeats; answers the answer stage decided (another shard's lead, the result cache)
+are recorded the same way; new results are offered to the result cache, an embed
+job's vectors staged in the object store, and the attempt's engine usage kept up to
+date.
 """
 
 from __future__ import annotations
@@ -9,20 +11,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Any
 
-import asyncpg
 from opentelemetry.trace import Span
 from temporalio.exceptions import ApplicationError
 
 from llmbatch import ledger, telemetry
-from llmbatch.config import Settings
 from llmbatch.contract.messages import GenerateProgress, ShardInput, TokenCounts
 from llmbatch.contract.names import model_identity
 from llmbatch.contract.states import FailureType, ItemStatus, ResultSource
 from llmbatch.dedup import result_cache
-from llmbatch.dedup.coordination import Group
-from llmbatch.dedup.keys import cache_key, cache_scope
 from llmbatch.engine.base import BatchEngine, EngineUsage
 from llmbatch.engine.requests import (
     EmbeddingRequest,
@@ -32,6 +31,8 @@ from llmbatch.engine.requests import (
 )
 from llmbatch.formats.records import StagedRequest
 from llmbatch.formats.vectors import StagedVectors
+from llmbatch.stages.answer import Answer, CacheKeys, Group
+from llmbatch.stages.context import StageContext
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +42,12 @@ FLUSH_EVERY_ITEMS = 256
 FLUSH_EVERY_SECONDS = 1.0
 
 
-class RecordingContext(Protocol):
-    """What recording needs of the worker: the ledger pool, the settings (the GPU-hour
-    price) and object-store writes (an embed job's vectors). The activities' context
-    is one."""
-
-    settings: Settings
-    pool: asyncpg.Pool
-
-    async def write(self, uri: str, data: bytes) -> None: ...
-
-
 class Recorder:
     """Buffers engine results and writes them to the ledger in batches."""
 
     def __init__(
         self,
-        ctx: RecordingContext,
+        ctx: StageContext,
         input: ShardInput,
         lease: str,
         progress: GenerateProgress,
@@ -65,7 +55,10 @@ class Recorder:
         *,
         usage: EngineUsage | None = None,
         engine: BatchEngine | None = None,
+        weights: str | None = None,
     ) -> None:
+        """``weights``: of the engine's model (default ``engine``'s), for the result
+        cache's keys; None: nothing is cached."""
         self._ctx, self._input, self._lease = ctx, input, lease
         self._progress = progress
         # What went to the engine, by request index: the group each request answers.
@@ -80,21 +73,15 @@ class Recorder:
         self._metrics = telemetry.metrics()
         self._metric_attrs = telemetry.attrs(job_id=input.spec.job_id, model=input.spec.model)
         self._usage = usage
-        self._weights = engine.weights if engine is not None else None
-        self.tenant = input.spec.tenant
-        self.scope = cache_scope(self.tenant, shared=ctx.settings.cache_shared_across_tenants)
+        if weights is None and engine is not None:
+            weights = engine.weights
+        self._keys = None if weights is None else CacheKeys.of(input.spec, ctx.settings, weights)
         self._gpus = engine.gpus if engine is not None else 1
         self._usage_recorded = (0, 0.0)
 
     @property
     def job_id(self) -> str:
         return self._input.spec.job_id
-
-    def cache_key(self, request_key: str) -> str:
-        """The result cache's key of a request this attempt answers: its weights' and
-        its tenant's (see :func:`llmbatch.dedup.keys.cache_scope`)."""
-        assert self._weights is not None  # the cache is used only with known weights
-        return cache_key(request_key, self._weights, scope=self.scope)
 
     def submit(self, group: Group) -> GenerationRequest:
         """The engine request for ``group``'s first item."""
@@ -186,10 +173,10 @@ class Recorder:
             completion_tokens=result.completion_tokens,
             latency_ms=result.latency_ms,
         )
-        if group.key is not None and self._weights is not None:
+        if group.key is not None and self._keys is not None:
             self._cache.append(
                 result_cache.NewEntry(
-                    cache_key=self.cache_key(group.key),
+                    cache_key=self._keys.key(group.key),
                     result=stored,
                     prompt_tokens=result.prompt_tokens,
                     completion_tokens=result.completion_tokens,
@@ -197,21 +184,23 @@ class Recorder:
                 )
             )
 
-    def share(self, group: Group, shared: Any, *, source: ResultSource, shared_with: str) -> None:
-        """Record ``group``'s items with a result generated elsewhere (another shard's
-        lead, or the cache): ``shared`` has ``result`` and token counts."""
-        for request in group.items:
-            self._results.append(
-                ledger.items.ItemResult(
-                    item_id=request.item_id,
-                    result=shared.result,
-                    prompt_tokens=shared.prompt_tokens or 0,
-                    completion_tokens=shared.completion_tokens or 0,
-                    latency_ms=0.0,
-                    result_source=source,
-                    shared_with=shared_with,
+    def share(self, answers: Iterable[Answer]) -> None:
+        """Record each answer's items with the result generated elsewhere (another
+        shard's lead, or the cache), as the answer stage decided."""
+        results = self._results
+        for answer in answers:
+            for request in answer.group.items:
+                results.append(
+                    ledger.items.ItemResult(
+                        item_id=request.item_id,
+                        result=answer.result,
+                        prompt_tokens=answer.prompt_tokens,
+                        completion_tokens=answer.completion_tokens,
+                        latency_ms=0.0,
+                        result_source=answer.source,
+                        shared_with=answer.shared_with,
+                    )
                 )
-            )
 
     def _pending(self) -> int:
         return len(self._results) + len(self._dead)
@@ -259,12 +248,12 @@ class Recorder:
                     model=model,
                     reused=source is not ResultSource.GENERATED,
                 )
-        if cache and self._weights is not None:
+        if cache and self._keys is not None:
             # After the ledger took them: only results this attempt holds are kept.
             await result_cache.store(
                 pool,
                 model=model_identity(model),
-                weights=self._weights,
+                weights=self._keys.weights,
                 job_id=job_id,
                 entries=cache,
             )
@@ -313,7 +302,7 @@ class EmbedRecorder(Recorder):
 
     def __init__(
         self,
-        ctx: RecordingContext,
+        ctx: StageContext,
         input: ShardInput,
         lease: str,
         progress: GenerateProgress,

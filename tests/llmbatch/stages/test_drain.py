@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from llmbatch.activities.drain import Drain, finish_before_cancel, unless_draining, watch
+from llmbatch.stages.drain import Drain, finish_before_cancel, unless_draining, watch
 
 
 async def _engine_loop(drain: Drain) -> float:

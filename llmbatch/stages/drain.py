@@ -9,7 +9,8 @@ back and give the rest back before the SDK's cancel would come.
 
 One :class:`Drain` per worker process, shared by its activities; begun by the
 process's signal handler or by the SDK's own worker-shutdown notice, whichever
-comes first; hurried (deadline now) by a second signal.
+comes first; hurried (deadline now) by a second signal. The generate stage's engine
+loop (:mod:`llmbatch.stages.generate`) is what watches it.
 """
 
 from __future__ import annotations

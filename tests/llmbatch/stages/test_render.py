@@ -1,16 +1,16 @@
-"""prepare_shard's rendering on its own: no ledger, no storage."""
+"""The render stage on its own: no ledger, no storage."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from llmbatch.activities.render import _hashes, _render, _templated
 from llmbatch.contract.spec import ChatMessage, InputFormat, JobSpec, SamplingSpec
 from llmbatch.formats.openai_requests import CHAT_COMPLETIONS_URL
 from llmbatch.formats.records import StagedRow
 from llmbatch.rendering.pool import Rendered
 from llmbatch.rendering.templates import PromptTemplate
+from llmbatch.stages.render import _key_requests, _render, _templated
 
 SPEC = JobSpec(
     job_id="j",
@@ -100,7 +100,8 @@ def test_lines_repeating_a_body_share_its_parse_and_key_and_get_what_each_gets_a
         rows: list[StagedRow],
     ) -> tuple[dict[str, Any], dict[str, str | None], dict[str, str]]:
         requests, dead = _render(spec, InputFormat.OPENAI, rows, shard=0, overrides={}, rendered={})
-        keys = {r.item_id: key for r, key in _hashes(spec, rows, requests)}
+        _key_requests(spec, requests)
+        keys = {r.item_id: requests[r.item_id].key if r.item_id in requests else None for r in rows}
         return requests, keys, {d.item_id: d.error_message for d in dead}
 
     together, keys, dead = outcome(rows)
