@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,7 +51,9 @@ async def test_a_sigkilled_gpu_worker_takes_its_engine_processes_with_it(
         names = [p.name() for p in engine_tree(proc.pid)]
         assert any("EngineCore" in n for n in names), names
         os.kill(proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer does
+        killed = time.monotonic()
         proc.wait()
         assert await until_group_gone(proc, within_s=GONE_WITHIN_S) == []
+        print(f"nothing of the worker left {time.monotonic() - killed:.1f} s after SIGKILL")
     finally:
         stop_worker(proc)  # its group: what outlived it too
