@@ -8,6 +8,7 @@ import signal
 from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType, TracebackType
+from typing import Any
 
 import asyncpg
 from botocore.exceptions import BotoCoreError
@@ -19,6 +20,8 @@ from llmbatch.errors import LlmBatchError
 
 # The signals that stop a worker: Kubernetes' and a supervisor's, and Ctrl-C.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What signal.signal takes and gives back.
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class StoppedWhileStarting(SystemExit):
@@ -46,7 +49,7 @@ class StoppableStart:
     def __init__(self, *, end: Callable[[], None]) -> None:
         self.signal: signal.Signals | None = None
         self._end = end
-        self._previous: dict[signal.Signals, object] = {}
+        self._previous: dict[signal.Signals, _Handler] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is not None:
@@ -66,7 +69,7 @@ class StoppableStart:
         traceback: TracebackType | None,
     ) -> None:
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]
+            signal.signal(sig, previous)
 
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
