@@ -202,6 +202,23 @@ def test_every_import_resolves_to_the_installed_wheel(installed: Installed) -> N
         assert not any(path.is_relative_to(tree) for tree in elsewhere), path
 
 
+def test_the_wheel_registers_its_vllm_plugin(installed: Installed) -> None:
+    """vLLM loads it in every process it starts: how an engine's processes of an
+    installed worker mark themselves to die with it (llmbatch.engine.parent_death)."""
+    probe = (
+        "from importlib.metadata import entry_points\n"
+        "from llmbatch.engine import parent_death\n"
+        "(p,) = [e for e in entry_points(group='vllm.general_plugins')"
+        " if e.name == parent_death.VLLM_PLUGIN]\n"
+        "print(p.load() is parent_death.mark_if_started_by_us, p.dist.locate_file(''))\n"
+    )
+    result = installed.run("python", "-c", probe)
+    assert result.code == 0, result.err
+    loaded, where = result.out.split()
+    assert loaded == "True"
+    assert Path(where).resolve() == installed.site_packages.resolve()
+
+
 async def test_migrate_from_the_wheel(installed: Installed, empty_db_dsn: str) -> None:
     shipped = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
     env = {"LLMBATCH_POSTGRES_DSN": empty_db_dsn}

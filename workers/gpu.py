@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -34,7 +35,12 @@ from llmbatch.engine.vllm_engine import Engine
 from llmbatch.stages.drain import Drain
 from llmbatch.workers.heartbeat import HEARTBEAT_THROTTLE
 from llmbatch.workers.preflight import check_services
-from llmbatch.workers.shutdown import CONNECTION_ERRORS, connection_lost, serve
+from llmbatch.workers.shutdown import (
+    CONNECTION_ERRORS,
+    StoppableStart,
+    connection_lost,
+    serve,
+)
 from llmbatch.workers.startup import (
     ColdStart,
     advertise,
@@ -197,18 +203,37 @@ async def run_gpu_worker(
 
 
 def main(settings: Settings, options: EngineOptions, **kwargs: Any) -> None:
+    # A stop signal before the worker polls (a scale-down or a deploy during a model
+    # load of minutes) ends the start: the engine's processes are killed mid-load.
+    start = StoppableStart(end=functools.partial(_kill_engine_processes, wait=False))
     try:
-        code = asyncio.run(run_gpu_worker(settings, options, **kwargs))
+        with start:
+            code = asyncio.run(run_gpu_worker(settings, options, **kwargs))
+    except BaseException:
+        # Whatever the interrupted start raised in the end (StoppedWhileStarting, or
+        # vLLM's own error for the engine killed under it), it was the stop.
+        if start.signal is None:
+            raise
+        code = 0
     finally:
         _kill_engine_processes()
+    if start.signal is not None:
+        print(
+            f"gpu worker stopped while starting ({start.signal.name}): the engine's "
+            "processes were ended before it polled, so it held no work",
+            flush=True,
+        )
     sys.exit(code)
 
 
-def _kill_engine_processes() -> None:
+def _kill_engine_processes(*, wait: bool = True) -> None:
     """After an engine death its worker processes can outlive it, holding the memory
-    the restarted worker needs; nothing of this process may survive it."""
+    the restarted worker needs; nothing of this process may survive it. Also how a
+    stop signal ends a model load (see :class:`StoppableStart`), without ``wait``:
+    vLLM, unwinding its start, reaps its own processes."""
     children = psutil.Process().children(recursive=True)
     for child in children:
         with contextlib.suppress(psutil.Error):
             child.kill()
-    psutil.wait_procs(children, timeout=10)
+    if wait:
+        psutil.wait_procs(children, timeout=10)

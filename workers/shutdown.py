@@ -1,4 +1,5 @@
-"""Stopping a worker process cleanly on SIGINT/SIGTERM."""
+"""Stopping a worker process cleanly on SIGINT/SIGTERM: while it starts
+(:class:`StoppableStart`) and once it polls (:func:`serve`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 import signal
 from collections.abc import Callable
 from datetime import timedelta
+from types import FrameType, TracebackType
+from typing import Any
 
 import asyncpg
 from botocore.exceptions import BotoCoreError
@@ -15,12 +18,65 @@ from temporalio.worker import Worker
 from llmbatch.errors import LlmBatchError
 from llmbatch.stages.drain import Drain
 
+# The signals that stop a worker: Kubernetes' and a supervisor's, and Ctrl-C.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What signal.signal takes and gives back.
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class StoppedWhileStarting(SystemExit):
+    """A stop signal came before the worker polled, and its start was ended. A
+    ``SystemExit`` (code 0), which asyncio and vLLM let through wherever it is raised,
+    as they must for ``sys.exit``."""
+
+    def __init__(self, received: signal.Signals) -> None:
+        super().__init__(0)
+        self.signal = received
+
+
+class StoppableStart:
+    """While the block runs (a worker's start: service checks, a model load), SIGINT or
+    SIGTERM ends the start: ``end`` is called (the GPU worker kills its engine's
+    processes, which ends a load at once: vLLM's EngineCore only notes a SIGTERM until
+    it is built), then :class:`StoppedWhileStarting` is raised where the main thread
+    is. A model load blocks the event loop, so a loop's signal handler would run only
+    once the model had loaded; this one runs inside the load. Further signals while the
+    start ends are ignored. Once the worker polls, :func:`serve`'s handlers take over.
+
+    ``signal`` says which signal ended the start (None: none did), so that the caller
+    can tell a stop from a failure whatever the interrupted code raised in the end."""
+
+    def __init__(self, *, end: Callable[[], None]) -> None:
+        self.signal: signal.Signals | None = None
+        self._end = end
+        self._previous: dict[signal.Signals, _Handler] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal is not None:
+            return
+        self.signal = signal.Signals(signum)
+        self._end()
+        raise StoppedWhileStarting(self.signal)
+
+    def __enter__(self) -> StoppableStart:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
 
 async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
     """Return on SIGINT or SIGTERM, or as soon as ``also`` is set."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     waiters = [asyncio.ensure_future(stop.wait())]
     if also is not None:
@@ -30,7 +86,7 @@ async def wait_for_stop_signal(also: asyncio.Event | None = None) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
 
 
@@ -47,12 +103,12 @@ async def _shut_down(worker: Worker, *, name: str, drain: Drain | None) -> None:
 
     print(f"{name} draining (up to {drain.timeout.total_seconds():g} s)", flush=True)
     drain.begin()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, hurry)
     try:
         await worker.shutdown()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
     print(f"{name} drained in {drain.seconds_since_begun():.1f} s", flush=True)
 

@@ -30,14 +30,14 @@ from llmbatch.cli import (
     worker,
 )
 from llmbatch.cli._support.common import leave_if_client_command
+from llmbatch.engine import parent_death
 
-if __name__ == "__mp_main__":
-    # A multiprocessing child spawned by an engine of this process imports this module
-    # as its __mp_main__: it is marked to die with its parent (see
-    # llmbatch.engine.parent_death). Only then: the CLI's start needs none of it.
-    from llmbatch.engine import parent_death
-
-    parent_death.on_main_import(__name__)
+# A process an engine of this CLI spawns re-runs the CLI's main module, the console
+# script or this module run with -m, and comes here either way: it marks itself to die
+# with its parent now, before its imports of vLLM and torch (see
+# llmbatch.engine.parent_death; vLLM's plugin hook marks it later whatever the entry).
+# Anywhere else this is one environment lookup; the module imports nothing until it acts.
+parent_death.mark_if_started_by_us()
 
 
 class _App(typer.Typer):
