@@ -38,6 +38,8 @@ from typing import Any
 
 import psutil
 
+from llmbatch.devstack.postgres_home import remove_tree
+
 TOPICS = ["a dog", "the sea", "tax law", "a bicycle", "rain", "a city", "music", "bread"]
 
 
@@ -54,7 +56,9 @@ def finished(work: Path) -> None:
     if os.environ.get(KEEP_ENV):
         print(f"kept: {work}")
         return
-    shutil.rmtree(work, ignore_errors=True)
+    # With the Postgres data its stack keeps outside it (started as root from a
+    # private folder: llmbatch.devstack.postgres_home).
+    remove_tree(work)
     print(f"removed {work} ({KEEP_ENV}=1 keeps it)")
 
 

@@ -1,21 +1,22 @@
 """Fixtures live in tests/fixtures/, one module per real service they start.
 
 Each test session gets a base folder of its own (``/tmp/llmbatch-tests-*``) instead of
-pytest's shared ``/tmp/pytest-of-<user>/pytest-N``. As root, the embedded Postgres runs
-as a system user, and its setup opens the folders above its data to that user; every
-new pytest session sets ``/tmp/pytest-of-<user>`` back to 0700, which took the data
-folder away from a running session's Postgres (it stopped with "Permission denied"
-whenever two sessions overlapped on one machine). A passing session's folder is
-removed at its end; a failing one's stays, with the servers' logs, and says where.
+pytest's shared ``/tmp/pytest-of-<user>/pytest-N``, which every new pytest session
+sets back to 0700 (two sessions overlapping on one machine once took a running
+session's Postgres data away so). A passing session's folder is removed at its end,
+with the Postgres data its stacks keep outside it (as root, in /var/lib/llm-batch:
+llmbatch.devstack.postgres_home); a failing one's stays, with the servers' logs, and
+says where.
 """
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from llmbatch.devstack.postgres_home import remove_tree
 
 pytest_plugins = [
     "tests.fixtures.stack",
@@ -66,6 +67,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if own is None:
         return
     if exitstatus == 0:
-        shutil.rmtree(own, ignore_errors=True)
+        remove_tree(own)
     else:
         session.config.get_terminal_writer().line(f"test folders and server logs: {own}")

