@@ -296,11 +296,15 @@ def save_model(model: Any, folder: Path) -> None:
 
 
 def train_tokenizer(
-    *, special_tokens: Sequence[str] = SPECIAL_TOKENS, chat_template: str = CHAT_TEMPLATE
+    *,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    chat_template: str | None = CHAT_TEMPLATE,
+    specials_last: bool = False,
 ) -> Any:
     """A byte-level BPE tokenizer trained on the built-in corpus (a
-    ``PreTrainedTokenizerFast``): ``special_tokens`` are single tokens, ids 0..n-1 in
-    order, the first three being pad, bos and eos."""
+    ``PreTrainedTokenizerFast``): ``special_tokens`` are single tokens, the first three
+    being pad, bos and eos; their ids are 0..n-1 in order, or come after the vocabulary
+    with ``specials_last`` (CLIP's processing takes id 0 for an ordinary token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -310,12 +314,14 @@ def train_tokenizer(
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=1,
-        special_tokens=list(special_tokens),
+        special_tokens=[] if specials_last else list(special_tokens),
         # Every byte is a token, so any text (any language, any emoji) can be encoded.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus_lines(), trainer)
+    if specials_last:
+        tokenizer.add_special_tokens(list(special_tokens))
     pad, bos, eos = special_tokens[:3]
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
