@@ -66,13 +66,15 @@ Head = Literal["LlamaForCausalLM", "LlamaForSequenceClassification"]
 class TinyLlama:
     """The recipe of a tiny Llama: what its folder is built from.
 
-    ``extra_special_tokens`` join the chat markers as single tokens (a tool model's
-    ``<tool_call>``, a vision model's ``<image>``); ``labels`` name a classifier's
+    ``extra_special_tokens`` join the chat markers as single special tokens (a vision
+    model's ``<image>``); ``added_tokens`` are single tokens that decoding keeps (a
+    tool model's ``<tool_call>``, which a tool parser must see); ``labels`` name a classifier's
     classes, in order, and are required with the classification head only.
     """
 
     seed: int = 0
     extra_special_tokens: tuple[str, ...] = ()
+    added_tokens: tuple[str, ...] = ()
     chat_template: str = CHAT_TEMPLATE
     head: Head = "LlamaForCausalLM"
     labels: tuple[str, ...] = ()
@@ -205,7 +207,9 @@ def _write_llama(folder: Path, spec: TinyLlama) -> None:
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
     tokenizer = train_tokenizer(
-        special_tokens=spec.special_tokens, chat_template=spec.chat_template
+        special_tokens=spec.special_tokens,
+        added_tokens=spec.added_tokens,
+        chat_template=spec.chat_template,
     )
     config = llama_text_config(tokenizer)
     config.architectures = [spec.head]
@@ -219,7 +223,7 @@ def _write_llama(folder: Path, spec: TinyLlama) -> None:
         else:
             model = LlamaForCausalLM(config)
     model.eval()
-    zero_special_embeddings(model, tokenizer, spec.special_tokens)
+    zero_special_embeddings(model, tokenizer, [*spec.special_tokens, *spec.added_tokens])
     model.generation_config = generation_config(tokenizer)
     save_model(model, folder)
     tokenizer.save_pretrained(folder)
@@ -298,14 +302,17 @@ def save_model(model: Any, folder: Path) -> None:
 def train_tokenizer(
     *,
     special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    added_tokens: Sequence[str] = (),
     chat_template: str | None = CHAT_TEMPLATE,
     specials_last: bool = False,
 ) -> Any:
     """A byte-level BPE tokenizer trained on the built-in corpus (a
     ``PreTrainedTokenizerFast``): ``special_tokens`` are single tokens, the first three
     being pad, bos and eos; their ids are 0..n-1 in order, or come after the vocabulary
-    with ``specials_last`` (CLIP's processing takes id 0 for an ordinary token)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    with ``specials_last`` (CLIP's processing takes id 0 for an ordinary token).
+    ``added_tokens`` come after the vocabulary as single tokens that are not special
+    (decoding with ``skip_special_tokens`` keeps them)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -322,6 +329,7 @@ def train_tokenizer(
     tokenizer.train_from_iterator(corpus_lines(), trainer)
     if specials_last:
         tokenizer.add_special_tokens(list(special_tokens))
+    tokenizer.add_tokens([AddedToken(token, special=False) for token in added_tokens])
     pad, bos, eos = special_tokens[:3]
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
