@@ -286,14 +286,21 @@ def zero_special_embeddings(model: Any, tokenizer: Any, tokens: Sequence[str]) -
 
 
 def save_model(model: Any, folder: Path) -> None:
-    """``save_pretrained`` as safetensors, without the progress bar: a "Writing model
-    shards" bar for a 2 MB file is noise in the demo's output."""
+    """``save_pretrained`` as safetensors, without the progress bar."""
+    with quiet_progress_bars():
+        model.save_pretrained(folder, safe_serialization=True)
+
+
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """No transformers progress bars inside the block: a "Writing model shards" bar
+    for a 2 MB file is noise in the demo's output."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(folder, safe_serialization=True)
+        yield
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
