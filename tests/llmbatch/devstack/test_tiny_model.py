@@ -11,6 +11,7 @@ import pytest
 
 from llmbatch.contract.spec import SamplingSpec
 from llmbatch.devstack.demo import INDUSTRIES
+from llmbatch.devstack.model_cache import built_recipe
 from llmbatch.devstack.tiny_model import MARKER, SPECIAL_TOKENS, build_tiny_model
 from llmbatch.engine.requests import GenerationRequest
 from llmbatch.engine.vllm_engine import Engine
@@ -63,7 +64,8 @@ def test_a_built_folder_is_reused_and_an_unfinished_one_rebuilt(tmp_path: Path) 
 
     # Asking for another seed replaces the folder.
     build_tiny_model(path, seed=7)
-    assert json.loads((path / MARKER).read_text())["seed"] == 7
+    recipe = built_recipe(path)
+    assert recipe is not None and recipe["seed"] == 7
     # Nothing is left beside it from staging.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "ref"]
 
