@@ -21,6 +21,7 @@ encodes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -148,38 +149,36 @@ def output_row(spec: JobSpec, entry: LedgerRow, row: StagedRow | None) -> dict[s
     }
 
 
-class JsonlWriter:
+class _RowsWriter:
+    """A generate job's rows, one per item, in a file format of their own."""
+
+    reads_rows = True
+    reads_vectors = False
+    extension: str | None
+    _write: Callable[[list[dict[str, Any]]], bytes]
+
+    def __init__(self, spec: JobSpec) -> None:
+        self._spec = spec
+
+    def encode(
+        self, entries: list[LedgerRow], *, rows: dict[str, StagedRow], vectors: Vectors
+    ) -> Encoded:
+        out = [output_row(self._spec, e, rows.get(e.item_id)) for e in entries]
+        return Encoded(part=self._write(out), errors=error_file(entries))
+
+
+class JsonlWriter(_RowsWriter):
     """A generate job's rows as JSONL."""
 
-    reads_rows = True
-    reads_vectors = False
     extension: str | None = "jsonl"
-
-    def __init__(self, spec: JobSpec) -> None:
-        self._spec = spec
-
-    def encode(
-        self, entries: list[LedgerRow], *, rows: dict[str, StagedRow], vectors: Vectors
-    ) -> Encoded:
-        out = [output_row(self._spec, e, rows.get(e.item_id)) for e in entries]
-        return Encoded(part=formats.write_jsonl(out), errors=error_file(entries))
+    _write = staticmethod(formats.write_jsonl)
 
 
-class ParquetWriter:
+class ParquetWriter(_RowsWriter):
     """A generate job's rows as one Parquet file."""
 
-    reads_rows = True
-    reads_vectors = False
     extension: str | None = "parquet"
-
-    def __init__(self, spec: JobSpec) -> None:
-        self._spec = spec
-
-    def encode(
-        self, entries: list[LedgerRow], *, rows: dict[str, StagedRow], vectors: Vectors
-    ) -> Encoded:
-        out = [output_row(self._spec, e, rows.get(e.item_id)) for e in entries]
-        return Encoded(part=formats.write_parquet(out), errors=error_file(entries))
+    _write = staticmethod(formats.write_parquet)
 
 
 def _own_vector(vectors: Vectors, item_id: str) -> bytes | None:
