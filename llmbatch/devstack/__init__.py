@@ -38,8 +38,14 @@ required and the bucket created.
 
 Beside the stack, the rest of what a developer or a test starts locally:
 :mod:`~llmbatch.devstack.demo` (the demo's data, settings and worker processes),
-:mod:`~llmbatch.devstack.tiny_model` (a tiny random model vLLM runs on CPU, built at
-test time) and :mod:`~llmbatch.devstack.api` (the local HTTP API and its key).
+:mod:`~llmbatch.devstack.tiny_model` (a tiny random Llama vLLM runs on CPU, built at
+test time), the other local models built the same way, once per recipe hash
+(:mod:`~llmbatch.devstack.model_cache`): :mod:`~llmbatch.devstack.tiny_tools` (with a
+tool-calling template), :mod:`~llmbatch.devstack.tiny_vision` (a vision-language
+model and a CLIP embedder), :mod:`~llmbatch.devstack.tiny_scoring` (a cross-encoder
+and a classifier), :mod:`~llmbatch.devstack.tiny_lora` (LoRA adapters) and
+:mod:`~llmbatch.devstack.real_model` (SmolLM2-135M-Instruct from a packaged GGUF), and
+:mod:`~llmbatch.devstack.api` (the local HTTP API and its key).
 
 May import anything of llmbatch (it assembles the parts); nothing but the CLI, tests
 and benchmarks imports it.

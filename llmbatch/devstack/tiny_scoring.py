@@ -102,7 +102,7 @@ def _write_cross_encoder(folder: Path, spec: TinyCrossEncoder) -> None:
         max_position_embeddings=BERT_MAX_TOKENS,
         type_vocab_size=2,
         pad_token_id=tokenizer.pad_token_id,
-        num_labels=1,
+        # One label (num_labels follows id2label): a relevance logit.
         id2label={0: "LABEL_0"},
         label2id={"LABEL_0": 0},
         dtype="float32",

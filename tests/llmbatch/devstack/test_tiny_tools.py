@@ -32,12 +32,12 @@ QUESTION = [
     {"role": "system", "content": "You are brief."},
     {"role": "user", "content": "What is the weather in Oslo?"},
 ]
-CALL = {
+CALL: dict[str, Any] = {
     "id": "call_1",
     "type": "function",
     "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'},
 }
-ANSWERED = [
+ANSWERED: list[dict[str, Any]] = [
     *QUESTION,
     {"role": "assistant", "content": "", "tool_calls": [CALL]},
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 3}'},
