@@ -7,7 +7,7 @@ keeps that base beside this one: ``class TemplateError(LlmBatchError, ValueError
 
 This module imports nothing: the contract's errors descend from it, and workflow code
 (which the Temporal sandbox re-imports on every run) imports the contract. Every
-package of llmbatch may import it (tests/workflows/test_imports.py).
+package of llmbatch may import it (tests/llmbatch/workflows/test_imports.py).
 """
 
 

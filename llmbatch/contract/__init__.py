@@ -22,5 +22,5 @@ shape of :class:`~llmbatch.contract.spec.JobSpec` and the names in
   the naming rules of models (``model_identity``, ``model_slug``).
 
 May import: nothing of llmbatch outside the contract but :mod:`llmbatch.errors`, the
-root of its exceptions, which imports nothing (tests/workflows/test_imports.py).
+root of its exceptions, which imports nothing (tests/llmbatch/workflows/test_imports.py).
 """

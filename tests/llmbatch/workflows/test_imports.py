@@ -108,7 +108,7 @@ OUR_TOPS = ("llmbatch",)
 # Top-level folders of the repository that install as llmbatch.<name> (setup.py).
 MAPPED = ("workflows", "activities", "workers", "migrations")
 UPPER = {f"llmbatch.{m}" for m in MAPPED}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
