@@ -28,7 +28,7 @@ from llmbatch.contract.names import MODEL_HASH_CHARS, model_identity, model_slug
 from llmbatch.contract.priority import ANY_TENANT, TenantQuota
 from llmbatch.contract.spec import Task
 from llmbatch.remote.faults import FaultPolicy
-from llmbatch.rendering.templates import RenderLimits
+from llmbatch.rendering.limits import RenderLimits
 
 CONFIG_ENV_VAR = "LLMBATCH_CONFIG"
 DEFAULT_CONFIG_FILE = "llm-batch.toml"

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
@@ -51,19 +51,18 @@ from opentelemetry.sdk.environment_variables import (
     OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
     OTEL_SDK_DISABLED,
 )
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.util.types import AttributeValue
-from temporalio.client import Client
-from temporalio.contrib.opentelemetry import TracingInterceptor
-from temporalio.worker import Interceptor as WorkerInterceptor
+
+# The SDK (and psutil, which its resources import) and Temporal's tracing interceptor
+# (which imports temporalio.worker) load where providers or interceptors are made: a
+# read-only CLI call that imports this module for its names never needs them.
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from temporalio.client import Client
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+    from temporalio.worker import Interceptor as WorkerInterceptor
 
 __all__ = [
     "INSTRUMENTS",
@@ -207,6 +206,8 @@ def _exporters(signal: Signal) -> list[Any]:
 
 
 def _resource(component: str | None) -> Resource:
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; our name
     # is only the fallback for the SDK's "unknown_service".
     resource = Resource.create({COMPONENT: component} if component else {})
@@ -224,6 +225,9 @@ def build(*, component: str | None = None) -> Telemetry:
 
 
 def _tracer_provider(resource: Resource) -> TracerProvider:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
     provider = TracerProvider(resource=resource)
     for exporter in _exporters("traces"):
         if isinstance(exporter, SpanExporter):
@@ -232,6 +236,13 @@ def _tracer_provider(resource: Resource) -> TracerProvider:
 
 
 def _meter_provider(resource: Resource) -> MeterProvider:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricReader,
+        PeriodicExportingMetricReader,
+    )
+
     readers: list[MetricReader] = []
     for exporter in _exporters("metrics"):
         if isinstance(exporter, MetricReader):  # pull exporters (Prometheus)
@@ -260,6 +271,9 @@ def install(*, component: str | None = None) -> Telemetry:
 
 
 def _install(component: str | None) -> Telemetry:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
     if sdk_disabled():
         return Telemetry(None, None)
     resource = _resource(component)
@@ -293,12 +307,16 @@ def tracing_interceptor() -> TracingInterceptor:
     a workflow started without trace context would otherwise make one orphan trace
     per activity once it is replayed.
     """
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
     return TracingInterceptor()
 
 
 def worker_interceptors(client: Client) -> list[WorkerInterceptor]:
     """The tracing interceptor for a worker on ``client``, unless the client already
     carries one (the worker inherits it; both would record every span twice)."""
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
     if any(isinstance(i, TracingInterceptor) for i in client.config()["interceptors"]):
         return []
     return [tracing_interceptor()]

@@ -71,7 +71,7 @@ async def _watch(settings: Settings, job_id: str, *, interval_s: float, as_json:
     from llmbatch.cli._support.jobview import follow_job, print_summary
     from llmbatch.client.temporal import connect
 
-    client = await connect(settings)
+    client = await connect(settings, tracing=False)
     handle, description = await find_job(client, settings, job_id)
     if description.status not in (None, WorkflowExecutionStatus.RUNNING):
         if description.status != WorkflowExecutionStatus.COMPLETED:

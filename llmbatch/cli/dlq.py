@@ -120,7 +120,7 @@ async def _list(
     from llmbatch.client.temporal import connect
     from llmbatch.contract.dead_letters import DeadLetterView
 
-    client = await connect(settings)
+    client = await connect(settings, tracing=False)
     view = await _view(client, settings, job_id)
     if view is None:
         view = DeadLetterView(

@@ -234,7 +234,7 @@ async def _status(settings: Settings, job_id: str, *, as_json: bool) -> None:
     from llmbatch.client.temporal import connect, model_has_worker, started_spec
 
     # One client for every question status asks (connecting is most of its CPU).
-    client = await connect(settings)
+    client = await connect(settings, tracing=False)
     workflow_state, p = await describe_job(client, settings, job_id)
     elapsed = _elapsed(p)
     rate = p.items_done / elapsed if elapsed else 0.0

@@ -33,7 +33,7 @@ async def _queues(settings: Settings, *, as_json: bool) -> None:
     from llmbatch.client.temporal import connect
     from llmbatch.workers.queues import read_queues
 
-    client = await connect(settings)
+    client = await connect(settings, tracing=False)
     pool = await ledger.db.create_pool(
         settings.postgres_dsn.get_secret_value(), min_size=1, max_size=2
     )

@@ -9,7 +9,7 @@ from typing import Any
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
+from temporalio.client import Client, Interceptor, WithStartWorkflowOperation, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -21,7 +21,6 @@ from temporalio.converter import DataConverter, DefaultFailureConverterWithEncod
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from llmbatch import telemetry
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes as sa
 from llmbatch.contract.messages import ApiBatchRecordInput, BatchJobInput, JobSummary
@@ -66,7 +65,7 @@ def connection(settings: Settings) -> tuple[TemporalTarget, Keyring | None]:
         raise TemporalUnavailable(str(exc)) from None
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, *, tracing: bool = True) -> Client:
     """A client on the configured Temporal, speaking pydantic JSON; the one way every
     llm-batch process (CLI, workers, the embedded stack's checks, ``serve``) connects.
 
@@ -78,9 +77,11 @@ async def connect(settings: Settings) -> Client:
     OpenTelemetry is set up from the ``OTEL_*`` environment first (once per process),
     and the client carries Temporal's tracing interceptor, which workers built on it
     inherit: a job's client call, workflows and activities make one trace.
+    ``tracing=False`` is for calls that only read (``status``, ``watch``): they start
+    no trace, and skip loading the OpenTelemetry SDK.
     """
     target, keyring = connection(settings)
-    return await connect_to(target, keyring=keyring)
+    return await connect_to(target, keyring=keyring, tracing=tracing)
 
 
 async def connect_to(
@@ -88,8 +89,14 @@ async def connect_to(
 ) -> Client:
     """:func:`connect` once the target is resolved (the embedded stack's own checks
     connect without tracing)."""
+    interceptors: list[Interceptor] = []
     if tracing:
+        # Here, not at the top: the SDK and Temporal's interceptor (which imports
+        # temporalio.worker) are a third of a read-only CLI call's imports.
+        from llmbatch import telemetry
+
         telemetry.install()
+        interceptors.append(telemetry.tracing_interceptor())
     try:
         return await Client.connect(
             target.address,
@@ -98,7 +105,7 @@ async def connect_to(
             tls=target.tls,
             rpc_metadata=target.rpc_metadata,
             data_converter=data_converter(keyring),
-            interceptors=[telemetry.tracing_interceptor()] if tracing else [],
+            interceptors=interceptors,
         )
     except (RuntimeError, RPCError) as exc:
         line = explain_connect_error(exc, target)

@@ -13,8 +13,9 @@ from llmbatch import formats, storage
 from llmbatch.contract.spec import InputFormat, JobSpec, Task
 from llmbatch.errors import LlmBatchError
 from llmbatch.formats import openai_requests, openai_validation
+from llmbatch.rendering.limits import RenderLimits
 from llmbatch.rendering.pool import render_isolated
-from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
+from llmbatch.rendering.templates import PromptTemplate, TemplateError
 
 StoreFor = Callable[[str], storage.base.ObjectStore]
 

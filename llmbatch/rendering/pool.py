@@ -33,7 +33,8 @@ from types import FrameType
 from typing import Any
 
 from llmbatch.contract.spec import ChatMessage
-from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
+from llmbatch.rendering.limits import RenderLimits
+from llmbatch.rendering.templates import PromptTemplate, TemplateError
 
 #: A row's messages, or why it cannot be rendered.
 Rendered = list[dict[str, str]] | TemplateError

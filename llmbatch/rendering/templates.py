@@ -25,7 +25,6 @@ import operator
 import re
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -35,6 +34,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from llmbatch.contract.spec import ChatMessage
 from llmbatch.errors import LlmBatchError
+from llmbatch.rendering.limits import RenderLimits
 
 # Jinja names the source of a template from a string "<template>" in tracebacks.
 _TEMPLATE_FILENAME = "<template>"
@@ -45,17 +45,6 @@ ROW = "row"
 _SPACED_FIELD = re.compile(r"\{\{-?\s*([A-Za-z_]\w*(?:[ \t]+\w+)+)\s*-?\}\}")
 # An integer a prompt needs is far smaller; ``9 ** 9 ** 9`` is minutes of CPU in C.
 _MAX_INT_BITS = 4096
-
-
-@dataclass(frozen=True)
-class RenderLimits:
-    """What one row's render may take: its wall-clock time (enforced by
-    :mod:`llmbatch.rendering.pool`), the bytes of all its messages, and the memory of
-    the process rendering it."""
-
-    timeout_s: float = 5.0
-    max_bytes: int = 4 << 20
-    max_memory_bytes: int = 1 << 30
 
 
 class TemplateError(LlmBatchError, ValueError):

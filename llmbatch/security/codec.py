@@ -31,15 +31,17 @@ import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
 
 from llmbatch.config import Settings
 from llmbatch.errors import LlmBatchError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 ENCODING = b"binary/encrypted"
 CIPHER = b"AES256-GCM"
@@ -123,7 +125,7 @@ class Keyring(BaseModel):
         key_id = key_id or new_key_id()
         if key_id in self.keys:
             raise KeyringError(f"the keyring already has a key {key_id!r}")
-        return Keyring(current=key_id, keys={**self.keys, key_id: AESGCM.generate_key(256)})
+        return Keyring(current=key_id, keys={**self.keys, key_id: _new_key()})
 
 
 def new_key_id() -> str:
@@ -134,7 +136,7 @@ def new_key_id() -> str:
 def new_keyring() -> Keyring:
     """A keyring holding one fresh random key."""
     key_id = new_key_id()
-    return Keyring(current=key_id, keys={key_id: AESGCM.generate_key(256)})
+    return Keyring(current=key_id, keys={key_id: _new_key()})
 
 
 def parse_keyring(text: str, *, source: str) -> Keyring:
@@ -188,12 +190,24 @@ def load_keyring(settings: Settings) -> Keyring | None:
     return read_keyring_file(path) if path.is_file() else None
 
 
+def _new_key() -> bytes:
+    # cryptography is imported where a key or cipher is made: a process without a
+    # keyring (most CLI calls) never loads it.
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM.generate_key(256)
+
+
 class EncryptionCodec(PayloadCodec):
     """AES-256-GCM payload codec over a :class:`Keyring` (see the module docstring)."""
 
     def __init__(self, keyring: Keyring) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         self._keyring = keyring
-        self._ciphers = {key_id: AESGCM(key) for key_id, key in keyring.keys.items()}
+        self._ciphers: dict[str, AESGCM] = {
+            key_id: AESGCM(key) for key_id, key in keyring.keys.items()
+        }
 
     @property
     def key_id(self) -> str:
@@ -229,6 +243,8 @@ class EncryptionCodec(PayloadCodec):
                 f"payload encrypted with key {key_id!r}, {DECRYPT_HINT_MARK} "
                 f"(it holds {', '.join(sorted(self._ciphers))})"
             )
+        from cryptography.exceptions import InvalidTag
+
         data = payload.data
         try:
             plain = cipher.decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], None)

@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography import x509
 from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, DataSource
 from temporalio.service import TLSConfig
 
@@ -143,6 +142,8 @@ def _check_tls_files(tls: ClientConfigTLS) -> None:
             if isinstance(source, Path)
             else (source.encode() if isinstance(source, str) else source)
         )
+        from cryptography import x509  # only where a certificate is read
+
         cert = x509.load_pem_x509_certificate(raw)
     except OSError as exc:
         raise ConnectionConfigError(

@@ -15,7 +15,7 @@ from llmbatch.contract.tables import TableUri, parse_table_uri
 from llmbatch.formats import planning
 from llmbatch.formats.readers import SourceRow
 from llmbatch.formats.shards import ShardPlan
-from llmbatch.rendering.templates import RenderLimits
+from llmbatch.rendering.limits import RenderLimits
 from llmbatch.tables import sink, source
 from llmbatch.tables.connect import TableError, connect
 

@@ -7,6 +7,7 @@ not asserted here."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,39 @@ def test_help_imports_none_of_what_commands_need_to_run(
 
 def test_the_top_level_help_imports_no_pydantic(tmp_path: Path) -> None:
     assert [m for m in _help_imports(tmp_path, "--help") if m.split(".")[0] == "pydantic"] == []
+
+
+_RUN_TO_EXIT = """
+import atexit, json, sys
+out, *args = sys.argv[1:]
+sys.argv = ["llm-batch", *args]
+atexit.register(lambda: json.dump(sorted(sys.modules), open(out, "w")))
+from llmbatch.cli.main import app
+app()
+"""
+
+
+def test_status_loads_no_tracing_sdk_no_worker_and_no_crypto_without_a_keyring(
+    tmp_path: Path,
+) -> None:
+    # A read-only call starts no trace: the OpenTelemetry SDK, Temporal's tracing
+    # interceptor (which imports temporalio.worker) and cryptography stay unloaded.
+    # Temporal is unreachable here (port 1): status gets as far as connecting.
+    out = tmp_path / "modules.json"
+    env = {**os.environ, "LLMBATCH_TEMPORAL_ADDRESS": "127.0.0.1:1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_TO_EXIT, str(out), "status", "some-job"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode != 0 and "cannot reach Temporal" in done.stderr, done.stderr
+    modules = json.loads(out.read_text())
+    assert "temporalio.client" in modules  # it did try to connect
+    loaded = [
+        m
+        for m in ("temporalio.worker", "opentelemetry.sdk.trace", "cryptography", "jinja2")
+        if m in modules
+    ]
+    assert loaded == []

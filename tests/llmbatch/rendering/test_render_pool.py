@@ -10,8 +10,9 @@ import psutil
 import pytest
 
 from llmbatch.contract.spec import ChatMessage
+from llmbatch.rendering.limits import RenderLimits
 from llmbatch.rendering.pool import KILL_GRACE_S, RenderPool
-from llmbatch.rendering.templates import RenderLimits, TemplateError
+from llmbatch.rendering.templates import TemplateError
 
 # Loops n * n times without output: only a time limit stops it.
 RUNAWAY = [

@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 
 from llmbatch.contract.spec import ChatMessage
-from llmbatch.rendering.templates import PromptTemplate, RenderLimits, TemplateError
+from llmbatch.rendering.limits import RenderLimits
+from llmbatch.rendering.templates import PromptTemplate, TemplateError
 
 
 def template(*contents: str) -> PromptTemplate:
