@@ -97,6 +97,7 @@ class PlanningActivities:
             ),
             generate_schedule_to_start=self._ctx.settings.generate_schedule_to_start,
             priority_aging=self._ctx.settings.priority_aging or None,
+            progress_every=self._ctx.settings.progress_every or None,
         )
 
     async def _plan(self, spec: JobSpec) -> tuple[InputFormat, list[ShardPlan]]:

@@ -97,6 +97,15 @@ class Settings(BaseSettings):
         "lift any job to priority 1 (seconds or an ISO 8601 duration; 0: no aging). Read by "
         "the CPU worker that plans a job.",
     )
+    progress_every: timedelta = Field(
+        default=timedelta(seconds=30),
+        ge=timedelta(0),
+        description="How often a running job's search attributes (ItemsDone, ItemsDead) and "
+        "Web UI details line take what its running shards have recorded in the ledger, one "
+        "small query a job per interval (seconds or an ISO 8601 duration; 0: only when a "
+        "shard ends). `status` and `watch` read the ledger themselves, every poll. Read by "
+        "the CPU worker that plans a job.",
+    )
     tenant_quotas: dict[str, TenantQuota] = Field(
         default_factory=dict,
         description="What each tenant (an API project, or a CLI job's --tenant) may ask "

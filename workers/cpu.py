@@ -18,6 +18,7 @@ from llmbatch.activities.dead_letters import DeadLetterActivities
 from llmbatch.activities.legacy import LegacyActivities
 from llmbatch.activities.planning import PlanningActivities
 from llmbatch.activities.prepare import PrepareActivities
+from llmbatch.activities.progress import ProgressActivities
 from llmbatch.activities.provider_batch import ProviderBatchActivities
 from llmbatch.activities.write import WriteActivities
 from llmbatch.client.temporal import connect
@@ -44,7 +45,7 @@ def build_cpu_worker(
     """
     planning, write = PlanningActivities(ctx), WriteActivities(ctx)
     prepare, legacy = PrepareActivities(ctx), LegacyActivities(ctx)
-    control = ControlActivities(ctx)
+    control, progress = ControlActivities(ctx), ProgressActivities(ctx)
     dead_letters = DeadLetterActivities(ctx)
     api_batch = ApiBatchActivities(ctx)
     provider = ProviderBatchActivities(ctx)
@@ -70,6 +71,7 @@ def build_cpu_worker(
             dead_letters.report_dead_letters,
             dead_letters.requeue_dead_letters,
             control.set_job_paused,
+            progress.count_running_items,
             api_batch.record_api_batch,
             api_batch.set_api_batch_status,
             api_batch.finish_api_batch,

@@ -41,12 +41,15 @@ with workflow.unsafe.imports_passed_through():
         JobProgress,
         JobSummary,
         PlanResult,
+        RunningItems,
+        RunningItemsInput,
         ShardInput,
         ShardSummary,
         final_state,
     )
     from llmbatch.contract.names import (
         BATCH_JOB_WORKFLOW,
+        COUNT_RUNNING_ITEMS,
         CREATE_API_BATCH_UPDATE,
         FINALIZE_JOB,
         FINISH_API_BATCH,
@@ -286,19 +289,52 @@ class BatchJobWorkflow:
         (or an API batch's completion window has passed); continue as new whenever
         Temporal suggests it."""
         self._arm_expiry()
+        plan = self._state.plan
+        # Plans from before progress_every have none: their histories replay as they ran.
+        every = plan.progress_every if plan is not None else None
+        refresh = asyncio.create_task(self._refresh_progress(every)) if every else None
+        try:
+            while True:
+                if self._expired:
+                    return
+                self._count_reports()
+                while self._may_start_shard():
+                    await self._start_next_shard()
+                if not self._progress.shards_running and self._all_started():
+                    return
+                if workflow.info().is_continue_as_new_suggested():
+                    await self._continue_as_new()
+                await workflow.wait_condition(
+                    lambda: bool(self._state.finished) or self._may_start_shard() or self._expired
+                )
+        finally:
+            if refresh is not None:
+                refresh.cancel()
+
+    async def _refresh_progress(self, every: timedelta) -> None:
+        """Every ``every``, take what the running shards have recorded so far into the
+        progress and publish it when it moved: the Web UI's counts then follow the
+        items, not only the shards' ends. One timer and one small ledger read a job per
+        interval, whatever its size; a read that fails is skipped (the next one comes)."""
         while True:
-            if self._expired:
-                return
-            self._count_reports()
-            while self._may_start_shard():
-                await self._start_next_shard()
-            if not self._progress.shards_running and self._all_started():
-                return
-            if workflow.info().is_continue_as_new_suggested():
-                await self._continue_as_new()
-            await workflow.wait_condition(
-                lambda: bool(self._state.finished) or self._may_start_shard() or self._expired
-            )
+            await workflow.sleep(every, summary="progress")
+            p = self._progress
+            if not p.shards_running:
+                continue
+            try:
+                read: RunningItems = await workflow.execute_activity(
+                    COUNT_RUNNING_ITEMS,
+                    RunningItemsInput(job_id=self._spec.job_id, shards=p.shards_running),
+                    result_type=RunningItems,
+                    **options.progress_step(self._spec),
+                )
+            except FailureError as err:
+                workflow.logger.info("job %s: progress not read: %s", p.job_id, err)
+                continue
+            before = (p.items_succeeded, p.items_dead)
+            p.take_running_items(read.shards)
+            if (p.items_succeeded, p.items_dead) != before:
+                self._publish()
 
     async def _continue_as_new(self) -> None:
         """Hand the state over to a fresh run; running shards report to it (same id)."""
@@ -561,11 +597,7 @@ class BatchJobWorkflow:
             if report.shard not in running:
                 continue  # a duplicate report
             running.discard(report.shard)
-            p.shards_done += 1
-            p.items_succeeded += report.succeeded
-            p.items_dead += report.dead
-            p.tokens = p.tokens + report.tokens
-            p.usage = p.usage + report.usage
+            p.count_shard_report(report)
             if report.failed is not None:
                 p.failed_shards.append(report.shard)
         p.shards_running = sorted(running)

@@ -129,6 +129,16 @@ def control_step(*, summary: str, spec: JobSpec | None = None) -> workflow.Activ
     )
 
 
+def progress_step(spec: JobSpec) -> workflow.ActivityConfig:
+    """A read of live progress: quick, tried twice, then skipped until the next one."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+        summary="read progress",
+        priority=task_priority(spec),
+    )
+
+
 def child_priority(spec: JobSpec) -> Priority:
     """The priority a job's shard workflows (and re-driven shards) start with: the
     job's own, so their workflow tasks and their steps' defaults follow it."""

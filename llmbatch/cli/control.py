@@ -81,7 +81,7 @@ async def _watch(settings: Settings, job_id: str, *, interval_s: float, as_json:
         if not as_json:
             out.print(f"watching job [bold]{job_id}[/bold]: {job_url(settings, job_id)}")
         view = progress.choose_view(out, as_json=as_json, interval_s=interval_s)
-        summary = await follow_job(client, handle, quiet=False, view=view)
+        summary = await follow_job(client, handle, settings=settings, quiet=False, view=view)
     if as_json:
         emit_json_line({"type": "summary", **summary.model_dump(mode="json")})
     else:

@@ -129,7 +129,7 @@ async def _run_embed_demo(
             f"job {spec.job_id} {'started' if started else 'exists already; following it'}: "
             f"{job_url(settings, spec.job_id)}"
         )
-        summary = await follow_job(client, handle, quiet=False)
+        summary = await follow_job(client, handle, settings=settings, quiet=False)
     print_summary(summary, as_json=False)
     root = summary.output_root
     bucket, _, prefix = root.removeprefix("s3://").partition("/")
@@ -198,6 +198,6 @@ async def _run_demo(settings: Settings, model: str, *, rows: int, shard_size: in
             f"job {spec.job_id} {'started' if started else 'exists already; following it'}: "
             f"{job_url(settings, spec.job_id)}"
         )
-        summary = await follow_job(client, handle, quiet=False)
+        summary = await follow_job(client, handle, settings=settings, quiet=False)
     print_summary(summary, as_json=False)
     await show_results(settings, spec.job_id, rows=3, as_json=False)

@@ -149,7 +149,7 @@ async def _submit(
         out.print(f"job [bold]{spec.job_id}[/bold] {verb}")
         out.print(f"  web ui: {job_url(settings, spec.job_id)}")
     if wait:
-        summary = await follow_job(client, handle, quiet=as_json)
+        summary = await follow_job(client, handle, settings=settings, quiet=as_json)
         print_summary(summary, as_json=as_json)
 
 

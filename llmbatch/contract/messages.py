@@ -5,8 +5,9 @@ Workflows import this module, so it holds pure data only (pydantic, no I/O).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -208,6 +209,12 @@ class PlanResult(BaseModel):
         description="A generate step waiting this long is queued again one priority "
         "level higher (None: no aging); the planning worker's Settings.priority_aging.",
     )
+    progress_every: timedelta | None = Field(
+        default=None,
+        description="How often the job's search attributes and details line take what its "
+        "running shards have recorded (None: only when a shard ends, as plans from before "
+        "had it); the planning worker's Settings.progress_every.",
+    )
 
 
 class JobProgress(BaseModel):
@@ -233,10 +240,56 @@ class JobProgress(BaseModel):
         default=None, description="The spec's task-queue priority; None: Temporal's default."
     )
     tenant: str | None = Field(default=None, description="The spec's tenant (fairness key).")
+    running_items: dict[int, ShardCounts] = Field(
+        default_factory=dict,
+        description="What each shard still running had recorded in the ledger when last "
+        "read (by shard); items_succeeded, items_dead and tokens include it, so they move "
+        "as items are recorded, not only when a shard ends.",
+    )
 
     @property
     def items_done(self) -> int:
         return self.items_succeeded + self.items_dead
+
+    def with_running_items(self, counts: Mapping[int, ShardCounts]) -> Self:
+        """A copy that has taken ``counts`` (see :meth:`take_running_items`)."""
+        copy = self.model_copy(deep=True)
+        copy.take_running_items(counts)
+        return copy
+
+    def take_running_items(self, counts: Mapping[int, ShardCounts]) -> None:
+        """Take ``counts`` (a fresh ledger reading of shards, by number) for the shards
+        still running, in place of what was read of them before; a shard that has ended
+        since keeps its report, one missing from ``counts`` what was read of it."""
+        for counted in self.running_items.values():
+            self._uncount(counted)
+        running: dict[int, ShardCounts] = {}
+        for shard in self.shards_running:
+            taken = counts.get(shard, self.running_items.get(shard))
+            if taken is not None:
+                running[shard] = taken
+                self.items_succeeded += taken.succeeded
+                self.items_dead += taken.dead
+                self.tokens = self.tokens + taken.tokens
+        self.running_items = running
+
+    def count_shard_report(self, report: ShardSummary) -> None:
+        """Count a shard's final report in place of what was read of it running."""
+        self._uncount(self.running_items.pop(report.shard, None))
+        self.shards_done += 1
+        self.items_succeeded += report.succeeded
+        self.items_dead += report.dead
+        self.tokens = self.tokens + report.tokens
+        self.usage = self.usage + report.usage
+
+    def _uncount(self, counts: ShardCounts | None) -> None:
+        if counts is not None:
+            self.items_succeeded -= counts.succeeded
+            self.items_dead -= counts.dead
+            self.tokens = TokenCounts(
+                prompt=self.tokens.prompt - counts.tokens.prompt,
+                completion=self.tokens.completion - counts.tokens.completion,
+            )
 
 
 class JobSummary(JobProgress):
@@ -426,6 +479,19 @@ class ShardCounts(BaseModel):
     marked: int = Field(default=0, description="Dead items that this call marked dead.")
 
 
+class RunningItemsInput(BaseModel):
+    """Input of ``count_running_items``: a job and the shards it runs."""
+
+    job_id: str
+    shards: list[int]
+
+
+class RunningItems(BaseModel):
+    """What ``count_running_items`` answers: each running shard's counts so far."""
+
+    shards: dict[int, ShardCounts] = Field(default_factory=dict)
+
+
 class ShardSummary(BaseModel):
     """What a shard reports to its parent when it ends."""
 
@@ -439,5 +505,8 @@ class ShardSummary(BaseModel):
     failed: str | None = Field(default=None, description="Why the shard itself failed, if it did.")
 
 
+JobProgress.model_rebuild()
+JobSummary.model_rebuild()
+RunningItems.model_rebuild()
 BatchJobState.model_rebuild()
 PrepareResult.model_rebuild()

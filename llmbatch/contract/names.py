@@ -43,6 +43,9 @@ FINISH_API_BATCH = "finish_api_batch"
 # exists without a workflow that ends it. Also the patch id of the workflow code that
 # waits for it.
 RECORD_API_BATCH = "record_api_batch"
+# What a job's running shards have recorded so far, read from the ledger at a
+# bounded rate (PlanResult.progress_every) for the job's search attributes.
+COUNT_RUNNING_ITEMS = "count_running_items"
 FAIL_SHARD = "fail_shard"
 REPORT_DEAD_LETTERS = "report_dead_letters"
 REQUEUE_DEAD_LETTERS = "requeue_dead_letters"

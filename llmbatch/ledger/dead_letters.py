@@ -17,6 +17,7 @@ from llmbatch.contract.states import (
 )
 from llmbatch.ledger.db import TERMINAL, Database, transaction
 from llmbatch.ledger.items import DeadItem, record_dead
+from llmbatch.ledger.jobs import shard_counts
 
 
 @dataclass(slots=True)
@@ -163,25 +164,6 @@ async def dead_letter_shard(
                 for r in unfinished
             ],
         )
-        row = await conn.fetchrow(
-            """
-            SELECT count(*) FILTER (WHERE status = $3) AS succeeded,
-                   count(*) FILTER (WHERE status = $4) AS dead,
-                   coalesce(sum(prompt_tokens) FILTER (WHERE status = $3), 0)
-                       AS prompt_tokens,
-                   coalesce(sum(completion_tokens) FILTER (WHERE status = $3), 0)
-                       AS completion_tokens
-            FROM items WHERE job_id = $1 AND shard = $2
-            """,
-            job_id,
-            shard,
-            ItemStatus.SUCCEEDED,
-            ItemStatus.DEAD,
-        )
-    assert row is not None
-    return ShardCounts(
-        succeeded=row["succeeded"],
-        dead=row["dead"],
-        tokens=TokenCounts(prompt=row["prompt_tokens"], completion=row["completion_tokens"]),
-        marked=marked,
-    )
+        counts = await shard_counts(conn, job_id=job_id, shards=[shard])
+    empty = ShardCounts(succeeded=0, dead=0, tokens=TokenCounts())
+    return counts.get(shard, empty).model_copy(update={"marked": marked})

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmbatch.contract.messages import TokenCounts
+from llmbatch.contract.messages import ShardCounts, TokenCounts
 from llmbatch.contract.states import (
     ItemStatus,
     JobState,
@@ -154,6 +154,43 @@ async def job_counts(pool: Database, *, job_id: str) -> JobCounts:
     )
     assert row is not None
     return JobCounts(**{k: int(v) for k, v in dict(row).items()})
+
+
+async def shard_counts(
+    pool: Database, *, job_id: str, shards: Sequence[int]
+) -> dict[int, ShardCounts]:
+    """What each of ``shards`` has recorded so far (succeeded and dead items, and the
+    succeeded ones' tokens), by shard; a shard with no item yet is left out.
+
+    Live progress reads this for a job's running shards, as often as every second: it
+    walks items_by_shard for those shards only, so it costs the shards' size, never
+    the job's.
+    """
+    if not shards:
+        return {}
+    rows = await pool.fetch(
+        """
+        SELECT shard,
+               count(*) FILTER (WHERE status = $3) AS succeeded,
+               count(*) FILTER (WHERE status = $4) AS dead,
+               coalesce(sum(prompt_tokens) FILTER (WHERE status = $3), 0) AS prompt,
+               coalesce(sum(completion_tokens) FILTER (WHERE status = $3), 0) AS completion
+        FROM items WHERE job_id = $1 AND shard = ANY($2::int[])
+        GROUP BY shard
+        """,
+        job_id,
+        list(shards),
+        ItemStatus.SUCCEEDED,
+        ItemStatus.DEAD,
+    )
+    return {
+        int(r["shard"]): ShardCounts(
+            succeeded=int(r["succeeded"]),
+            dead=int(r["dead"]),
+            tokens=TokenCounts(prompt=int(r["prompt"]), completion=int(r["completion"])),
+        )
+        for r in rows
+    }
 
 
 @dataclass(slots=True)

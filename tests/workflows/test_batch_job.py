@@ -18,10 +18,11 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from llmbatch import formats, ledger, storage
+from llmbatch.cli._support.progress import Snapshot
 from llmbatch.client.temporal import start_job
 from llmbatch.config import Settings
 from llmbatch.contract import search_attributes
-from llmbatch.contract.messages import JobSummary
+from llmbatch.contract.messages import JobProgress, JobSummary
 from llmbatch.contract.spec import ChatMessage, JobSpec, OutputFormat, SamplingSpec
 from llmbatch.contract.states import FailureType
 from llmbatch.workflows.batch_job import BatchJobWorkflow
@@ -407,3 +408,81 @@ async def test_histories_replay_without_nondeterminism(
     )
     for history in histories:
         await replaying.replay_workflow(history)
+
+
+async def test_status_counts_items_as_they_are_recorded_not_when_their_shard_ends(
+    workers: Settings, temporal_client: Client, tmp_path: Path, model_name: str
+) -> None:
+    """What `status` (and `watch`) read moves while a shard runs: the recorder writes
+    results about once a second, and the counts take them from the ledger then, not
+    only when the shard reports to its job."""
+    from llmbatch.cli._support.jobview import describe_job, follow_job
+
+    shard = 48
+    # Answers of staggered lengths (vLLM's ignore_eos: each runs to its max_tokens), so
+    # they come back over several of the recorder's flushes, one shard at a time.
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": model_name,
+                "messages": [{"role": "user", "content": f"Count to {i}"}],
+                "max_tokens": 10 * (i % shard + 1),
+                "ignore_eos": True,
+            },
+        }
+        for i in range(2 * shard)
+    ]
+    source = tmp_path / "batch.jsonl"
+    source.write_bytes(jsonl_bytes(lines))
+    spec = JobSpec(
+        job_id=job_id("live"),
+        inputs=[str(source)],
+        model=model_name,
+        output_uri=f"file://{tmp_path / 'out'}",
+        shard_size=shard,
+        max_concurrent_shards=1,
+    )
+    handle, _ = await start_job(temporal_client, spec, settings=workers)
+    # What `watch` shows, followed alongside.
+    watched = _Recording()
+    result = asyncio.ensure_future(
+        follow_job(temporal_client, handle, settings=workers, quiet=False, view=watched)
+    )
+    # items_succeeded as status read it, while the first shard had not ended.
+    before_first_shard: list[int] = []
+    try:
+        while not result.done():
+            _, progress = await describe_job(temporal_client, workers, spec.job_id)
+            if progress.shards_done:
+                break
+            before_first_shard.append(progress.items_succeeded)
+            await asyncio.sleep(0.2)
+        summary = await asyncio.wait_for(result, JOB_TIMEOUT_S)
+    finally:
+        result.cancel()
+    assert (summary.items_succeeded, summary.items_dead) == (2 * shard, 0)
+    assert any(0 < n < shard for n in before_first_shard), before_first_shard
+    # Never backwards.
+    assert before_first_shard == sorted(before_first_shard)
+    shown = [(p.shards_done, p.items_succeeded) for p in watched.readings]
+    assert any(done == 0 and 0 < n < shard for done, n in shown), shown
+    assert any(done == 1 and shard < n < 2 * shard for done, n in shown), shown
+
+
+class _Recording:
+    """A progress view that keeps every reading `watch` would show."""
+
+    def __init__(self) -> None:
+        self.readings: list[JobProgress] = []
+
+    def __enter__(self) -> _Recording:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def show(self, snapshot: Snapshot, *, final: bool = False) -> None:
+        self.readings.append(snapshot.progress)

@@ -22,6 +22,7 @@ from temporalio.client import (
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError
 
+from llmbatch import ledger
 from llmbatch.cli._support import progress
 from llmbatch.cli._support.common import CliError, emit_json, failure_message, find_job, out
 from llmbatch.client.temporal import connect
@@ -34,13 +35,48 @@ from llmbatch.contract.states import JobState
 from llmbatch.security.codec import DECRYPT_HINT, DECRYPT_HINT_MARK, DecryptError
 
 if TYPE_CHECKING:
+    from llmbatch.ledger.db import Database
     from llmbatch.storage.base import ObjectStore
+
+
+class RecordedProgress:
+    """A running job's progress with what its running shards have recorded so far,
+    read from the ledger: the job's workflow counts a shard's items when the shard ends
+    (and between, at most every ``progress_every``), while its items are recorded as
+    they come. One indexed query of the running shards' items a reading, on one
+    connection held while the CLI follows the job; the job's size does not matter."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._dsn = settings.postgres_dsn.get_secret_value()
+        self._pool: Database | None = None
+
+    async def __aenter__(self) -> RecordedProgress:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def read(self, p: JobProgress) -> JobProgress:
+        """``p`` with its running shards' counts as the ledger has them now."""
+        if isinstance(p, JobSummary) or not p.shards_running:
+            return p
+        if self._pool is None:
+            self._pool = await ledger.db.create_pool(
+                self._dsn, min_size=0, max_size=1, connect_timeout_s=10, command_timeout_s=10
+            )
+        counts = await ledger.jobs.shard_counts(
+            self._pool, job_id=p.job_id, shards=p.shards_running
+        )
+        return p.with_running_items(counts)
 
 
 async def describe_job(
     client: Client, settings: Settings, job_id: str
 ) -> tuple[str, JobProgress | JobSummary]:
-    """The job's workflow state and its summary (ended) or progress (running)."""
+    """The job's workflow state and its summary (ended) or progress (running, with
+    what its running shards have recorded so far)."""
     handle, description = await find_job(client, settings, job_id)
     state = description.status.name.lower() if description.status else "unknown"
     if description.status == WorkflowExecutionStatus.COMPLETED:
@@ -55,7 +91,7 @@ async def describe_job(
         return state, summary
     if description.status == WorkflowExecutionStatus.RUNNING:
         try:
-            return state, await handle.query(PROGRESS_QUERY, result_type=JobProgress)
+            running = await handle.query(PROGRESS_QUERY, result_type=JobProgress)
         except (WorkflowQueryFailedError, RPCError) as exc:
             # Temporal answers "Workflow Task in failed state" while the job's workflow
             # task keeps failing: its own failure says why (after `codec-key rotate`,
@@ -66,6 +102,8 @@ async def describe_job(
             raise CliError(
                 f"job {job_id} is stuck: its workflow task fails on the CPU workers: {failure}"
             ) from exc
+        async with RecordedProgress(settings) as recorded:
+            return state, await recorded.read(running)
     # Cancelled before it could say so itself, or terminated, or timed out.
     ended = (
         JobState.CANCELLED
@@ -112,6 +150,7 @@ async def follow_job(
     client: Client,
     handle: WorkflowHandle[Any, JobSummary],
     *,
+    settings: Settings,
     quiet: bool,
     view: progress.ProgressView | None = None,
 ) -> JobSummary:
@@ -120,7 +159,8 @@ async def follow_job(
     if view is None:
         view = progress.QuietView() if quiet else progress.choose_view(out, as_json=False)
     try:
-        return await progress.follow(handle, view)
+        async with RecordedProgress(settings) as recorded:
+            return await progress.follow(handle, view, recorded=recorded.read)
     except WorkflowFailureError as exc:
         if isinstance(exc.cause, CancelledError):
             raise CliError(f"job {handle.id} was cancelled") from exc

@@ -1,16 +1,19 @@
 """Live progress of a job in the CLI (``watch``, ``submit --wait``).
 
-Progress comes from BatchJobWorkflow's ``progress`` query, polled about once a second;
-rates come from successive samples. Three views of the same samples: a rich bar when
-stdout is a terminal, a plain line every few seconds when it is not (logs, CI, pipes),
-and JSON Lines for programs.
+Progress comes from BatchJobWorkflow's ``progress`` query, polled about once a second,
+with what the running shards have recorded so far read from the ledger (items move as
+they are recorded, not when their shard ends); rates come from successive samples.
+Three views of the same samples: a rich bar when stdout is a terminal, a plain line
+every few seconds when it is not (logs, CI, pipes), and JSON Lines for programs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -31,9 +34,11 @@ from llmbatch.contract.names import PROGRESS_QUERY
 from llmbatch.contract.progress import format_duration
 from llmbatch.contract.states import JobState
 
-# Rates are measured over this much of the recent past: long enough to span a few
-# shard reports (the workflow counts items when a shard finishes), short enough to
-# follow a job that speeds up or slows down.
+log = logging.getLogger(__name__)
+
+# Rates are measured over this much of the recent past: long enough to smooth the
+# recorder's batches (items are recorded about once a second), short enough to follow
+# a job that speeds up or slows down.
 RATE_WINDOW_S = 60.0
 POLL_EVERY_S = 1.0
 QUERY_TIMEOUT = timedelta(seconds=10)
@@ -259,15 +264,23 @@ def choose_view(
     return LineView(console, interval_s=interval_s)
 
 
+# Reads what a running job's shards have recorded into its progress (the ledger's
+# counts: jobview.RecordedProgress).
+Recorded = Callable[[JobProgress], Awaitable[JobProgress]]
+
+
 async def follow(
     handle: WorkflowHandle[Any, JobSummary],
     view: ProgressView,
     *,
     poll_s: float = POLL_EVERY_S,
+    recorded: Recorded | None = None,
 ) -> JobSummary:
     """Show the job's progress in ``view`` until it ends; return its summary.
 
-    Raises what ``handle.result()`` raises when the job fails or is cancelled.
+    ``recorded`` adds to each reading what the running shards have recorded so far
+    (without it, items count when their shard ends). Raises what ``handle.result()``
+    raises when the job fails or is cancelled.
     """
     result = asyncio.ensure_future(handle.result())
     rates = Rates()
@@ -275,6 +288,8 @@ async def follow(
         with view:
             while not result.done():
                 progress = await _read_progress(handle)
+                if progress is not None and recorded is not None:
+                    progress = await _with_recorded(recorded, progress)
                 if progress is not None and not result.done():
                     view.show(rates.add(progress))
                 await asyncio.wait([result], timeout=poll_s)
@@ -284,6 +299,14 @@ async def follow(
         if not result.done():
             result.cancel()  # interrupted (Ctrl-C): stop waiting; the job goes on
     return result.result()
+
+
+async def _with_recorded(recorded: Recorded, progress: JobProgress) -> JobProgress:
+    try:
+        return await recorded(progress)
+    except Exception as exc:  # the ledger out of reach: this reading keeps the job's own counts
+        log.debug("running shards' counts not read: %s", exc)
+        return progress
 
 
 async def _read_progress(handle: WorkflowHandle[Any, JobSummary]) -> JobProgress | None:

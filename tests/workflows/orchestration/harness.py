@@ -182,6 +182,7 @@ async def orchestrate(
     failures: Iterable[tuple[str, int]] = (),
     ignore_cancel: Iterable[tuple[str, int]] = (),
     invalid_batch: bool = False,
+    progress_every: timedelta | None = None,
 ) -> AsyncIterator[Run]:
     """A CPU worker (the three workflows and every stand-in but generate) and a GPU
     worker (the generate stand-in, on the queue plan_job names) for one job."""
@@ -194,6 +195,7 @@ async def orchestrate(
         failures=failures,
         ignore_cancel=ignore_cancel,
         invalid_batch=invalid_batch,
+        progress_every=progress_every,
     )
     run = Run(client=client, job_id=name, task_queue=f"{name}-cpu", stand_ins=stand_ins)
     cpu = Worker(

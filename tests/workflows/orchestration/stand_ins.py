@@ -46,6 +46,8 @@ from llmbatch.contract.messages import (
     JobSummary,
     PlanResult,
     PrepareResult,
+    RunningItems,
+    RunningItemsInput,
     ShardCounts,
     ShardInput,
     ShardSummary,
@@ -53,6 +55,7 @@ from llmbatch.contract.messages import (
     final_state,
 )
 from llmbatch.contract.names import (
+    COUNT_RUNNING_ITEMS,
     FAIL_SHARD,
     FINALIZE_JOB,
     FINISH_API_BATCH,
@@ -164,8 +167,12 @@ class StandIns:
         failures: Iterable[tuple[str, int]] = (),
         ignore_cancel: Iterable[tuple[str, int]] = (),
         invalid_batch: bool = False,
+        progress_every: timedelta | None = None,
     ) -> None:
         self.shards = shards
+        self.progress_every = progress_every
+        # What count_running_items answers, by shard: set by a test while shards run.
+        self.recorded: dict[int, ShardCounts] = {}
         self.invalid_batch = invalid_batch
         self.gpu_task_queue = gpu_task_queue
         self.dead = dict(dead or {})
@@ -242,6 +249,7 @@ class StandIns:
             self.record_api_batch,
             self.set_api_batch_status,
             self.finish_api_batch,
+            self.count_running_items,
         ]
 
     # --- the stand-ins ---------------------------------------------------------------------
@@ -262,6 +270,14 @@ class StandIns:
             shard_count=self.shards,
             items_total=self.items_total,
             gpu_task_queue=self.gpu_task_queue,
+            progress_every=self.progress_every,
+        )
+
+    @activity.defn(name=COUNT_RUNNING_ITEMS)
+    async def count_running_items(self, input: RunningItemsInput) -> RunningItems:
+        await self._record(Call(COUNT_RUNNING_ITEMS, None, detail=list(input.shards)))
+        return RunningItems(
+            shards={s: self.recorded[s] for s in input.shards if s in self.recorded}
         )
 
     @activity.defn(name=PREPARE_SHARD)
