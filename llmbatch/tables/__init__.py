@@ -12,6 +12,6 @@
 The URI syntax is :mod:`llmbatch.contract.tables` (no I/O, used in workflows).
 
 May import: ``llmbatch.config``, ``llmbatch.contract``, ``llmbatch.formats`` (rows,
-shard plans, the prompt check) and ``llmbatch.rendering.templates`` (render limits);
+shard plans, the prompt check) and ``llmbatch.rendering.limits`` (render limits);
 asyncpg for the databases. The output rows come made (:mod:`llmbatch.stages.encode`).
 """
